@@ -1,0 +1,166 @@
+"""Sessions: docs, serve, tests (default), e2e, gpu_docs (GPU machines only), new_post."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "venv"  # pip; torch 2.13.0 comes from the CPU wheel on disk
+nox.options.reuse_venv = "yes"
+os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")
+
+
+def install(session: nox.Session, *groups: str) -> None:
+    session.install(*nox.project.dependency_groups(PYPROJECT, *groups))
+
+
+def npm_assets(session: nox.Session) -> None:
+    """Pinned mermaid and KaTeX from package-lock.json (served from the site itself)."""
+    stamp = ROOT / "node_modules" / ".package-lock.json"
+    lock = ROOT / "package-lock.json"
+    if not stamp.exists() or stamp.stat().st_mtime < lock.stat().st_mtime:
+        session.run("npm", "ci", "--no-audit", "--no-fund", external=True)
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Build the site with --strict."""
+    install(session, "docs")
+    npm_assets(session)
+    session.run("mkdocs", "build", "--strict")
+
+
+@nox.session
+def serve(session: nox.Session) -> None:
+    """Build and serve the site on http://127.0.0.1:8000/."""
+    install(session, "docs")
+    npm_assets(session)
+    session.run("mkdocs", "serve", "--strict", "--dev-addr", "127.0.0.1:8000")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Lint, run every page and test on the CPU (Triton interpreter), strict build, browser."""
+    install(session, "docs", "test", "cpu")
+    npm_assets(session)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    session.run("pytest", *session.posargs, env=env)
+    session.run("mkdocs", "build", "--strict")
+
+
+def post_slugs() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
+
+
+@nox.session(venv_backend="none", tags=["gpu"], default=False)
+def gpu_docs(session: nox.Session) -> None:
+    """On a CUDA machine: run every page and test on the GPU and rewrite results/.
+
+    No venv, no network: uses the interpreter that has CUDA torch. `-- <slug>` runs one post.
+    """
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if probe.stdout.strip() != "True":
+        session.error("gpu_docs needs a CUDA device: torch.cuda.is_available() is not True here")
+    slugs = session.posargs or post_slugs()
+    unknown = sorted(set(slugs) - set(post_slugs()))
+    if unknown:
+        session.error(f"gpu_docs: no post docs/posts/<slug>.md for {', '.join(unknown)}")
+    env = {"TRITON_INTERPRET": "0", "HANDBOOK_GPU_RUN": "1"}
+    durations = {}
+    start = time.perf_counter()
+    for slug in slugs:
+        t0 = time.perf_counter()
+        test_file = ROOT / "tests" / "snippets" / f"test_{slug.replace('-', '_')}.py"
+        targets = [f"docs/posts/{slug}.md"] + ([str(test_file)] if test_file.exists() else [])
+        session.run(sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", env=env)
+        durations[slug] = time.perf_counter() - t0
+    total = time.perf_counter() - start
+    session.log("gpu_docs summary (seconds):")
+    for slug, seconds in durations.items():
+        session.log(f"  {slug:<28} {seconds:7.1f}")
+    session.log(f"  {'total':<28} {total:7.1f}")
+
+
+TEMPLATE_PAGE = """# {title}
+
+一句话说明这篇文章要证明什么。
+
+## 1 第一节
+
+```python
+--8<-- "snippets/{package}/example.py:demo"
+```
+
+## 参考
+
+1. 一手来源（论文、官方仓库或官方文档），附链接。
+"""
+
+TEMPLATE_SNIPPET = '''"""{title}: the central claim of the post, executed."""
+
+
+# --8<-- [start:demo]
+def double(x):
+    return 2 * x
+
+
+assert double(21) == 42
+print(double(2))
+#> 4
+# --8<-- [end:demo]
+'''
+
+TEMPLATE_TEST = '''"""Unit tests for snippets/{package}/."""
+
+from snippets.{package}.example import double
+
+
+def test_double():
+    assert double(-3) == -6
+'''
+
+
+@nox.session(venv_backend="none", default=False)
+def new_post(session: nox.Session) -> None:
+    """Scaffold a post: nox -s new_post -- <slug> "<标题>"."""
+    if len(session.posargs) != 2:
+        session.error('usage: nox -s new_post -- <slug> "<标题>"')
+    slug, title = session.posargs
+    if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", slug):
+        session.error(f"new_post: slug {slug!r} must be lowercase words joined by '-'")
+    package = slug.replace("-", "_")
+    page = ROOT / "docs" / "posts" / f"{slug}.md"
+    paths = [page, ROOT / "snippets" / package, ROOT / "tests" / "snippets" / f"test_{package}.py"]
+    existing = [str(p.relative_to(ROOT)) for p in paths if p.exists()]
+    if existing:
+        session.error(f"new_post: already exists: {', '.join(existing)}")
+    config = ROOT / "mkdocs.yml"
+    text = config.read_text(encoding="utf-8")
+    anchor = re.search(r"^  - 系列文章:\n(?:      - .*\n)*", text, flags=re.M)
+    if not anchor:
+        session.error("new_post: mkdocs.yml has no '  - 系列文章:' nav section")
+    fmt = {"title": title, "package": package}
+    page.write_text(TEMPLATE_PAGE.format(**fmt), encoding="utf-8")
+    paths[1].mkdir()
+    (paths[1] / "__init__.py").write_text(f'"""{title} ({slug}) snippets."""\n', encoding="utf-8")
+    (paths[1] / "example.py").write_text(TEMPLATE_SNIPPET.format(**fmt), encoding="utf-8")
+    paths[2].write_text(TEMPLATE_TEST.format(**fmt), encoding="utf-8")
+    entry = f"      - {title}: posts/{slug}.md\n"
+    config.write_text(text[: anchor.end()] + entry + text[anchor.end() :], encoding="utf-8")
+    for p in [*paths, config]:
+        session.log(f"wrote {p.relative_to(ROOT)}")
+    session.log(f"next: edit them, then `nox -s tests -- docs/posts/{slug}.md`")

@@ -1,0 +1,1 @@
+"""Snippets shown on the pages; one sub-package per post."""

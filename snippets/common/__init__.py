@@ -1,0 +1,1 @@
+"""The few helpers shared by all posts."""

@@ -1,0 +1,1 @@
+"""梯度累积 (gradient-accumulation) snippets."""
