@@ -1,0 +1,164 @@
+"""Render GPU results (results/<slug>/<name>.json) into pages at build time, on the CPU.
+
+In a page docs/posts/<slug>.md:
+  <!-- result: table NAME -->   a table, the provenance line and a link to the raw JSON
+  <!-- result: plot NAME -->    an SVG plot of the result's "plot" spec(s), with provenance
+  {{ NAME:key }} / {{ NAME:key:.1f }}   a number from the result's "values", inline
+A missing result or key fails the build with the page, the line and the refresh command.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.structure.files import File, Files
+from mkdocs.utils import get_relative_url
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from snippets.common import results as res  # noqa: E402
+
+
+def on_files(files: Files, config) -> Files:
+    for path in sorted((ROOT / "results").rglob("*.json")):
+        uri = path.relative_to(ROOT).as_posix()
+        files.append(File.generated(config, uri, abs_src_path=str(path)))
+    return files
+
+
+def _slug(page) -> str:
+    return Path(page.file.src_uri).stem
+
+
+def _load(page, name: str, line: int) -> dict:
+    path = res.result_path(_slug(page), name)
+    try:
+        return res.load_result(path)
+    except res.ResultError as exc:
+        raise PluginError(
+            f"docs/{page.file.src_uri}:{line}: result {name!r}: {exc}; produce it on a GPU "
+            f"with `{res.refresh_command(_slug(page))}`"
+        ) from None
+
+
+def _fmt(value, fmt: str | None) -> str:
+    if value is None:
+        return "—"
+    if fmt:
+        return format(value, fmt)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def provenance_line(record: dict, page) -> str:
+    p = record["provenance"]
+    uri = f"results/{record['slug']}/{record['name']}.json"
+    href = get_relative_url(uri, page.url)
+    parts = [
+        f"实测于 {p['gpu']}",
+        f"驱动 {p['driver']}",
+        f"CUDA {p['cuda']}",
+        f"torch {p['torch']}",
+        f"triton {p['triton']}",
+        p["date"],
+        f"commit {p['commit']}",
+    ]
+    text = " · ".join(html.escape(str(x)) for x in parts)
+    return f'<p class="provenance">{text} · <a href="{href}" download>原始数据 JSON</a></p>'
+
+
+def table(record: dict, page) -> str:
+    spec = record.get("table")
+    if not spec:
+        raise KeyError("table")
+    cols = spec["columns"]
+    lines = [
+        f"**{record['title']}**",
+        "",
+        "| " + " | ".join(c["label"] for c in cols) + " |",
+        "|" + "---:|" * len(cols),
+    ]
+    for row in spec["rows"]:
+        lines.append("| " + " | ".join(_fmt(row[c["key"]], c.get("format")) for c in cols) + " |")
+    lines += ["", f"计算模型：{record['model']}", "", provenance_line(record, page)]
+    return "\n".join(lines)
+
+
+def _text(x: float, y: float, text: str, size: int = 12, rotate: bool = False) -> str:
+    turn = f' transform="rotate(-90 {x:.1f} {y:.1f})"' if rotate else ""
+    return (
+        f'<text x="{x:.1f}" y="{y:.1f}"{turn} text-anchor="middle" font-size="{size}" '
+        f'fill="currentColor">{html.escape(text)}</text>'
+    )
+
+
+def svg_bars(rows: list[dict], spec: dict) -> str:
+    """A bar chart: one bar per row, y = spec['y'], labelled by spec['x']. Theme colours."""
+    w, h, left, bottom, top = 640, 260, 60, 40, 20
+    ys = [float(r[spec["y"]]) for r in rows]
+    ymax = max(ys) * 1.15 or 1.0
+    step = (w - left - 10) / len(rows)
+    bar = step * 0.6
+    base = h - bottom
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
+        f'<line x1="{left}" y1="{base}" x2="{w - 10}" y2="{base}" stroke="currentColor"/>',
+        _text(14, (base + top) / 2, spec["y_label"], rotate=True),
+        _text((w + left) / 2, h - 4, spec["x_label"]),
+    ]
+    for i, (row, y) in enumerate(zip(rows, ys, strict=True)):
+        x = left + i * step + (step - bar) / 2
+        bh = (base - top) * y / ymax
+        parts += [
+            f'<rect x="{x:.1f}" y="{base - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" '
+            'fill="var(--md-primary-fg-color)"/>',
+            _text(x + bar / 2, base - bh - 4, f"{y:.3g}", size=11),
+            _text(x + bar / 2, base + 16, str(row[spec["x"]])),
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def plot(record: dict, page) -> str:
+    specs = record.get("plot")
+    if not specs:
+        raise KeyError("plot")
+    specs = specs if isinstance(specs, list) else [specs]
+    rows = record["table"]["rows"]
+    figures = [f'<div class="result-plot">{svg_bars(rows, s)}</div>' for s in specs]
+    return "\n\n".join([*figures, provenance_line(record, page)])
+
+
+RENDER = {"table": table, "plot": plot}
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:
+    where = f"docs/{page.file.src_uri}"
+
+    def line_of(pos: int) -> int:
+        return markdown.count("\n", 0, pos) + 1
+
+    def block(m):
+        record = _load(page, m["name"], line_of(m.start()))
+        try:
+            return RENDER[m["kind"]](record, page)
+        except KeyError as exc:
+            raise PluginError(
+                f"{where}:{line_of(m.start())}: result {m['name']!r} has no {exc} data"
+            ) from None
+
+    def inline(m):
+        record = _load(page, m["name"], line_of(m.start()))
+        try:
+            return _fmt(res.lookup(record, m["key"]), m["fmt"])
+        except (KeyError, ValueError) as exc:
+            raise PluginError(
+                f"{where}:{line_of(m.start())}: {{{{ {m['name']}:{m['key']} }}}}: {exc}"
+            ) from None
+
+    markdown = res.INLINE.sub(inline, markdown)  # numbers only: line numbers stay valid
+    return res.BLOCK.sub(block, markdown)
