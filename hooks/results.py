@@ -138,27 +138,18 @@ RENDER = {"table": table, "plot": plot}
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
     where = f"docs/{page.file.src_uri}"
-
-    def line_of(pos: int) -> int:
-        return markdown.count("\n", 0, pos) + 1
-
-    def block(m):
-        record = _load(page, m["name"], line_of(m.start()))
+    out = []
+    last = 0
+    for m in res.references(markdown):
+        line = markdown.count("\n", 0, m.start()) + 1
+        record = _load(page, m["name"], line)
         try:
-            return RENDER[m["kind"]](record, page)
-        except KeyError as exc:
-            raise PluginError(
-                f"{where}:{line_of(m.start())}: result {m['name']!r} has no {exc} data"
-            ) from None
-
-    def inline(m):
-        record = _load(page, m["name"], line_of(m.start()))
-        try:
-            return _fmt(res.lookup(record, m["key"]), m["fmt"])
+            if m.re is res.BLOCK:
+                text = RENDER[m["kind"]](record, page)
+            else:
+                text = _fmt(res.lookup(record, m["key"]), m["fmt"])
         except (KeyError, ValueError) as exc:
-            raise PluginError(
-                f"{where}:{line_of(m.start())}: {{{{ {m['name']}:{m['key']} }}}}: {exc}"
-            ) from None
-
-    markdown = res.INLINE.sub(inline, markdown)  # numbers only: line numbers stay valid
-    return res.BLOCK.sub(block, markdown)
+            raise PluginError(f"{where}:{line}: result {m['name']!r}: no {exc} in it") from None
+        out += [markdown[last : m.start()], text]
+        last = m.end()
+    return "".join([*out, markdown[last:]])

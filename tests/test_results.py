@@ -25,10 +25,9 @@ def references(root: Path) -> dict[tuple[str, str], str]:
     refs = {}
     for page in sorted((root / "docs" / "posts").glob("*.md")):
         text = page.read_text(encoding="utf-8")
-        for pattern in (res.BLOCK, res.INLINE):
-            for m in pattern.finditer(text):
-                line = text.count("\n", 0, m.start()) + 1
-                refs.setdefault((page.stem, m["name"]), f"{page.relative_to(root)}:{line}")
+        for m in res.references(text):
+            line = text.count("\n", 0, m.start()) + 1
+            refs.setdefault((page.stem, m["name"]), f"{page.relative_to(root)}:{line}")
     return refs
 
 

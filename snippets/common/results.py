@@ -16,17 +16,29 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# Every result depends on these besides its own sources.
-HARNESS = ("snippets/common/bench.py", "snippets/common/results.py", "snippets/common/device.py")
+# Every measurement depends on these besides its own sources (this file only stores numbers).
+HARNESS = ("snippets/common/bench.py", "snippets/common/device.py")
 # In a page:  <!-- result: table NAME -->  <!-- result: plot NAME -->  and inline {{ NAME:key }}
 # or {{ NAME:key:.1f }} for a number from the result's "values".
 BLOCK = re.compile(r"^<!--\s*result:\s*(?P<kind>table|plot)\s+(?P<name>[\w-]+)\s*-->\s*$", re.M)
 INLINE = re.compile(r"\{\{\s*(?P<name>[\w-]+):(?P<key>[\w.-]+)(?::(?P<fmt>[^}\s]+))?\s*\}\}")
+_FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,}).*?^\1\2[ \t]*$", re.M | re.S)
 REQUIRED = ("slug", "name", "title", "model", "values", "provenance", "sources")
 
 
 class ResultError(ValueError):
     """A result file is missing, malformed or stale; the message names the file."""
+
+
+def references(text: str) -> list[re.Match]:
+    """Result references outside fenced code, as matches of BLOCK or INLINE, in page order.
+
+    Fenced code is blanked out first (same length, newlines kept), so positions and line
+    numbers are those of the original text.
+    """
+    masked = _FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group()), text)
+    found = [*BLOCK.finditer(masked), *INLINE.finditer(masked)]
+    return sorted(found, key=lambda m: m.start())
 
 
 def result_path(slug: str, name: str, root: Path = ROOT) -> Path:

@@ -78,6 +78,7 @@ write_result(
     model="FLOPs = 6 × 参数量 × token 数（只计矩阵乘：前向 2NT，反向 4NT）",
     values={
         "n_params_m": n_params / 1e6,
+        "state_gib": n_params * 8 / 2**30,  # bf16 weight + grad + two AdamW moments: 8 B each
         "peak_gib_k1": by_k[1]["peak_gib"],
         "peak_gib_k16": by_k[16]["peak_gib"],
         "memory_saving_k16": 1 - by_k[16]["peak_gib"] / by_k[1]["peak_gib"],

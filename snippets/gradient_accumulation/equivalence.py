@@ -25,7 +25,7 @@ def accumulated_grad(model, x, y, k, divide=True):
 
 # --8<-- [start:bound]
 def summation_bound(model, x, y, unit_roundoff):
-    """Worst-case rounding error of either loop, elementwise (Higham 2002, Lemma 3.1 and §3.1).
+    """Worst-case rounding error of either loop, elementwise (Higham 2002, §3.1 and §4.2).
 
     With mean-squared error over N x OUT outputs, dL/dW = c * sum_i r_i x_i^T, c = 2 / (N * OUT),
     residual r_i = W x_i + b - y_i. Computing r_i costs d + 2 roundings and each product term
