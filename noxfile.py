@@ -134,33 +134,43 @@ def test_double():
 '''
 
 
+def scaffold(root: Path, slug: str, title: str) -> list[Path]:
+    """Write a post's page, snippet package and test, and add it to the nav. ValueError if not."""
+    if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", slug):
+        raise ValueError(f"slug {slug!r} must be lowercase words joined by '-'")
+    package = slug.replace("-", "_")
+    page = root / "docs" / "posts" / f"{slug}.md"
+    pkg = root / "snippets" / package
+    test = root / "tests" / "snippets" / f"test_{package}.py"
+    existing = [str(p.relative_to(root)) for p in (page, pkg, test) if p.exists()]
+    if existing:
+        raise ValueError(f"already exists: {', '.join(existing)}")
+    config = root / "mkdocs.yml"
+    text = config.read_text(encoding="utf-8")
+    section = re.search(r"^  - 系列文章:\n(?:      - .*\n)*", text, flags=re.M)
+    if not section:
+        raise ValueError("mkdocs.yml has no '  - 系列文章:' nav section")
+    fmt = {"title": title, "package": package}
+    page.write_text(TEMPLATE_PAGE.format(**fmt), encoding="utf-8")
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text(f'"""{title} ({slug}) snippets."""\n', encoding="utf-8")
+    (pkg / "example.py").write_text(TEMPLATE_SNIPPET.format(**fmt), encoding="utf-8")
+    test.write_text(TEMPLATE_TEST.format(**fmt), encoding="utf-8")
+    entry = f"      - {title}: posts/{slug}.md\n"
+    config.write_text(text[: section.end()] + entry + text[section.end() :], encoding="utf-8")
+    return [page, pkg / "__init__.py", pkg / "example.py", test, config]
+
+
 @nox.session(venv_backend="none", default=False)
 def new_post(session: nox.Session) -> None:
     """Scaffold a post: nox -s new_post -- <slug> "<标题>"."""
     if len(session.posargs) != 2:
         session.error('usage: nox -s new_post -- <slug> "<标题>"')
     slug, title = session.posargs
-    if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", slug):
-        session.error(f"new_post: slug {slug!r} must be lowercase words joined by '-'")
-    package = slug.replace("-", "_")
-    page = ROOT / "docs" / "posts" / f"{slug}.md"
-    paths = [page, ROOT / "snippets" / package, ROOT / "tests" / "snippets" / f"test_{package}.py"]
-    existing = [str(p.relative_to(ROOT)) for p in paths if p.exists()]
-    if existing:
-        session.error(f"new_post: already exists: {', '.join(existing)}")
-    config = ROOT / "mkdocs.yml"
-    text = config.read_text(encoding="utf-8")
-    anchor = re.search(r"^  - 系列文章:\n(?:      - .*\n)*", text, flags=re.M)
-    if not anchor:
-        session.error("new_post: mkdocs.yml has no '  - 系列文章:' nav section")
-    fmt = {"title": title, "package": package}
-    page.write_text(TEMPLATE_PAGE.format(**fmt), encoding="utf-8")
-    paths[1].mkdir()
-    (paths[1] / "__init__.py").write_text(f'"""{title} ({slug}) snippets."""\n', encoding="utf-8")
-    (paths[1] / "example.py").write_text(TEMPLATE_SNIPPET.format(**fmt), encoding="utf-8")
-    paths[2].write_text(TEMPLATE_TEST.format(**fmt), encoding="utf-8")
-    entry = f"      - {title}: posts/{slug}.md\n"
-    config.write_text(text[: anchor.end()] + entry + text[anchor.end() :], encoding="utf-8")
-    for p in [*paths, config]:
-        session.log(f"wrote {p.relative_to(ROOT)}")
+    try:
+        written = scaffold(ROOT, slug, title)
+    except ValueError as exc:
+        session.error(f"new_post: {exc}")
+    for path in written:
+        session.log(f"wrote {path.relative_to(ROOT)}")
     session.log(f"next: edit them, then `nox -s tests -- docs/posts/{slug}.md`")

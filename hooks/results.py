@@ -136,13 +136,22 @@ def plot(record: dict, page) -> str:
 RENDER = {"table": table, "plot": plot}
 
 
+def verified_line(records: list[dict]) -> str:
+    """The page's "last verified on a GPU" line, from its newest result."""
+    p = max((r["provenance"] for r in records), key=lambda p: p["date"])
+    text = f"本页的 GPU 测量最近一次运行于 {p['gpu']}：{p['date']}（commit {p['commit']}）"
+    return f'<p class="provenance">{html.escape(text)}</p>'
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     where = f"docs/{page.file.src_uri}"
     out = []
     last = 0
+    records = []
     for m in res.references(markdown):
         line = markdown.count("\n", 0, m.start()) + 1
         record = _load(page, m["name"], line)
+        records.append(record)
         try:
             if m.re is res.BLOCK:
                 text = RENDER[m["kind"]](record, page)
@@ -152,4 +161,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
             raise PluginError(f"{where}:{line}: result {m['name']!r}: no {exc} in it") from None
         out += [markdown[last : m.start()], text]
         last = m.end()
-    return "".join([*out, markdown[last:]])
+    markdown = "".join([*out, markdown[last:]])
+    if records:  # under the page title
+        head, sep, rest = markdown.partition("\n")
+        markdown = f"{head}{sep}\n{verified_line(records)}\n{rest}"
+    return markdown
