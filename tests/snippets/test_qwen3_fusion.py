@@ -1,0 +1,124 @@
+"""The shared Qwen3 model against Hugging Face transformers, its parameter count, its swap points.
+
+Tolerances: both implementations run the same operations, so in fp64 they agree to rounding
+of fp64 (asserted <= 1e-12 norm-wise). In fp32 we allow 2 * gamma_n * ||ref|| with
+gamma_n = n u / (1 - n u), u = 2^-24 and n = 192, the longest reduction of the TINY config
+(the MLP width): a different summation order inside one reduction stays below it, while a
+real difference (RoPE layout, cast placement, GQA grouping) is orders of magnitude larger.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from snippets.qwen3_fusion import model as q3
+
+transformers = pytest.importorskip("transformers")
+
+
+def gamma(n, u):
+    return n * u / (1 - n * u)
+
+
+TOL = {torch.float64: 1e-12, torch.float32: 2 * gamma(q3.TINY.intermediate_size, 2.0**-24)}
+
+
+def hf_model(cfg):
+    hf_cfg = transformers.Qwen3Config(
+        **{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, attention_dropout=0.0
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(hf_cfg).eval()
+    with torch.no_grad():  # random norms too: HF initialises them to ones
+        for name, p in model.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    return model
+
+
+def grads_and_logits(model, ids, is_hf):
+    model.zero_grad(set_to_none=True)
+    logits = model(ids).logits if is_hf else model(ids)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    return logits.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_logits_and_grads_match_transformers(dtype):
+    hf = hf_model(q3.TINY).to(dtype)
+    ours = q3.Qwen3ForCausalLM(q3.TINY).to(dtype)
+    ours.load_state_dict(hf.state_dict(), strict=True)  # same parameter names
+    ids = torch.randint(0, q3.TINY.vocab_size, (2, 33), generator=torch.Generator().manual_seed(1))
+    hf_logits, hf_grads = grads_and_logits(hf, ids, is_hf=True)
+    our_logits, our_grads = grads_and_logits(ours, ids, is_hf=False)
+    assert rel(our_logits, hf_logits) <= TOL[dtype]
+    assert set(our_grads) == set(hf_grads)
+    for name, g in hf_grads.items():
+        assert rel(our_grads[name], g) <= TOL[dtype], name
+
+
+def test_loss_with_labels_matches_transformers():
+    """The shifted next-token loss; vocab-long logsumexp: 2 * gamma_V, V = 1000."""
+    hf = hf_model(q3.TINY)
+    ours = q3.Qwen3ForCausalLM(q3.TINY)
+    ours.load_state_dict(hf.state_dict())
+    ids = torch.randint(0, q3.TINY.vocab_size, (2, 33), generator=torch.Generator().manual_seed(2))
+    labels = ids.clone()
+    labels[0, 20:] = -100  # padding is ignored by both
+    expected = hf(ids, labels=labels).loss
+    assert rel(ours(ids, labels=labels), expected) <= 2 * gamma(q3.TINY.vocab_size, 2.0**-24)
+
+
+def test_parameter_count_equals_the_model_card():
+    """Qwen3-8B model card: 8.2B parameters, 6.95B non-embedding (printed to 0.1B / 0.01B)."""
+    counts = q3.count_parameters(q3.QWEN3_8B)
+    assert abs(counts["total"] / 1e9 - 8.2) <= 0.05
+    assert abs(counts["non_embedding"] / 1e9 - 6.95) <= 0.005
+    assert counts == {"total": 8_190_735_360, "non_embedding": 6_946_075_648}
+
+
+def test_every_swap_point_is_used():
+    calls = {"norm": 0, "rope": 0, "mlp_act": 0, "loss": 0}
+
+    class CountingNorm(q3.RMSNorm):
+        def forward(self, x):
+            calls["norm"] += 1
+            return super().forward(x)
+
+    def counted(name, fn):
+        def wrapper(*args):
+            calls[name] += 1
+            return fn(*args)
+
+        return wrapper
+
+    kernels = q3.Kernels(
+        norm=CountingNorm,
+        rope=counted("rope", q3.apply_rope),
+        mlp_act=counted("mlp_act", q3.swiglu),
+        loss=counted("loss", q3.lm_loss),
+    )
+    torch.manual_seed(0)
+    model = q3.Qwen3ForCausalLM(q3.TINY, kernels)
+    ids = torch.randint(0, q3.TINY.vocab_size, (1, 8))
+    model(ids, labels=ids)
+    layers = q3.TINY.num_hidden_layers
+    assert calls == {"norm": 4 * layers + 1, "rope": layers, "mlp_act": layers, "loss": 1}
+
+
+def test_rmsnorm_casts_before_the_weight():
+    """HF numerics: normalise in fp32, round to the input dtype, then multiply by the weight."""
+    torch.manual_seed(0)
+    norm = q3.RMSNorm(64, 1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(1 + torch.rand(64))
+    x = torch.randn(4, 64).to(torch.bfloat16)
+    x32 = x.float()
+    normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+    expected = norm.weight * normed  # bf16 * fp32 weight -> fp32
+    assert torch.equal(norm(x), expected)
