@@ -123,13 +123,59 @@ def svg_bars(rows: list[dict], spec: dict) -> str:
     return "".join(parts)
 
 
+def svg_roofline(rows: list[dict], spec: dict) -> str:
+    """Log-log roofline: min(peak, bandwidth x intensity), and one labelled point per row."""
+    import math
+
+    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 16
+    xs = [float(r[spec["x"]]) for r in rows]
+    ys = [float(r[spec["y"]]) for r in rows]
+    peak, bw = spec["peak_tflops"], spec["bandwidth_tb_s"]
+    x_lo, x_hi = math.log10(min(xs) / 2), math.log10(max(max(xs), peak / bw) * 2)
+    y_lo, y_hi = math.log10(max(min(ys), 1e-3) / 2), math.log10(peak * 2)
+
+    def px(x):
+        return left + (math.log10(x) - x_lo) / (x_hi - x_lo) * (w - left - right)
+
+    def py(y):
+        return h - bottom - (math.log10(max(y, 1e-9)) - y_lo) / (y_hi - y_lo) * (h - bottom - top)
+
+    ridge = peak / bw
+    roof = [(10**x_lo, bw * 10**x_lo), (ridge, peak), (10**x_hi, peak)]
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
+        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
+        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="2"/>',
+        _text(px(ridge), py(peak) - 6, f"脊点 {ridge:.0f} FLOP/B", size=11),
+        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
+        _text((w + left) / 2, h - 6, spec["x_label"]),
+    ]
+    for exp in range(math.ceil(x_lo), math.floor(x_hi) + 1):
+        parts.append(_text(px(10**exp), h - bottom + 16, f"1e{exp}", size=10))
+    for exp in range(math.ceil(y_lo), math.floor(y_hi) + 1):
+        parts.append(_text(left - 20, py(10**exp) + 4, f"1e{exp}", size=10))
+    for row, x, y in zip(rows, xs, ys, strict=True):
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="var(--md-primary-fg-color)"/>',
+            _text(px(x) + 9, py(y) + 4, str(row[spec["label"]]), size=10),
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def plot(record: dict, page) -> str:
     specs = record.get("plot")
     if not specs:
         raise KeyError("plot")
     specs = specs if isinstance(specs, list) else [specs]
     rows = record["table"]["rows"]
-    figures = [f'<div class="result-plot">{svg_bars(rows, s)}</div>' for s in specs]
+    draw = {"bars": svg_bars, "roofline": svg_roofline}
+    figures = [
+        f'<div class="result-plot">{draw[s.get("kind", "bars")](rows, s)}</div>' for s in specs
+    ]
     return "\n\n".join([*figures, provenance_line(record, page)])
 
 

@@ -122,3 +122,58 @@ def test_rmsnorm_casts_before_the_weight():
     normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).bfloat16()
     expected = norm.weight * normed  # bf16 * fp32 weight -> fp32
     assert torch.equal(norm(x), expected)
+
+
+def test_measurement_code_runs_at_tiny_shapes():
+    """The GPU benchmark's functions, on the CPU with a stand-in timer (1 ms per call)."""
+    from snippets.qwen3_fusion import measure
+
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(fn)
+        return {"median": 1.0}
+
+    ceilings = {"copy_bytes_per_s": 1e12, "bf16_matmul_flop_per_s": 1e15}
+    rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32, timer, ceilings)
+    assert [r["idx"] for r in rows] == list(range(1, 16))
+    assert len(calls) == 2 * len(rows)  # forward and backward of every operator
+    by_name = {r["op"]: r for r in rows}
+    ranked = measure.fusion_candidates(q3.TINY, 2, 8, by_name, 1e12)
+    assert [r["saving_ms"] for r in ranked] == sorted(
+        (r["saving_ms"] for r in ranked), reverse=True
+    )
+    add_norm = next(r for r in ranked if r["fusion"] == "残差加 + RMSNorm")
+    assert add_norm["eager_ms"] == 2 * (2.0 + 2.0)  # twice per layer: add and norm, fwd + bwd
+    t, h = 16, q3.TINY.hidden_size
+    assert add_norm["floor_ms"] == 2 * 2 * 8 * t * h / 1e12 * 1e3
+
+
+def test_profile_step_counts_device_kernels_only():
+    from torch.profiler import ProfilerActivity
+
+    from snippets.qwen3_fusion import measure
+
+    step = measure.layer_step(q3.TINY, 1, 8, "cpu", torch.float32)
+    result = measure.profile_step(step, steps=1, activities=(ProfilerActivity.CPU,))
+    assert result == {"kernels": 0, "matmul_ms": 0.0, "attention_ms": 0.0, "memory-bound_ms": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("nvjet_tst_128x256_64x4_2x1_v_bz_coopB_TNT", "matmul"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32", "matmul"),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128>>", "attention"),
+        (
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add>",
+            "memory-bound",
+        ),
+        ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "memory-bound"),
+    ],
+)
+def test_kernel_classes(name, kind):
+    from snippets.qwen3_fusion.measure import kernel_class
+
+    assert kernel_class(name) == kind
