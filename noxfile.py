@@ -41,7 +41,7 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def serve(session: nox.Session) -> None:
-    """Build and serve the site on http://127.0.0.1:8000/."""
+    """Build and serve the site on http://127.0.0.1:8000/xuntui-handbook/ (the site_url path)."""
     install(session, "docs")
     npm_assets(session)
     session.run("mkdocs", "serve", "--strict", "--dev-addr", "127.0.0.1:8000")
@@ -50,13 +50,17 @@ def serve(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """Lint, run every page and test on the CPU (Triton interpreter), strict build, browser."""
-    install(session, "docs", "test", "cpu")
+    install(session, "docs", "test", "cpu", "browser")
     npm_assets(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    session.run("pytest", *session.posargs, env=env)
+    session.run("pytest", *(session.posargs or ["--ignore=tests/e2e"]), env=env)
     session.run("mkdocs", "build", "--strict")
+    if session.posargs:  # a chosen page or test: the browser suite is `nox -s e2e`
+        return
+    ensure_browser(session)
+    session.run("pytest", "tests/e2e", env={**env, "HANDBOOK_SITE_DIR": str(ROOT / "site")})
 
 
 def post_slugs() -> list[str]:
@@ -174,3 +178,40 @@ def new_post(session: nox.Session) -> None:
     for path in written:
         session.log(f"wrote {path.relative_to(ROOT)}")
     session.log(f"next: edit them, then `nox -s tests -- docs/posts/{slug}.md`")
+
+
+# Browser suite (tests/e2e): Debian's Chromium driven by Playwright (its own browser download is
+# not used), a CJK font so that screenshots show Chinese, not boxes.
+BROWSER = os.environ.get("HANDBOOK_CHROMIUM", "/usr/bin/chromium")
+BROWSER_PACKAGES = ["chromium", "fonts-noto-cjk"]
+
+
+def ensure_browser(session: nox.Session) -> None:
+    """Install Debian's chromium and a CJK font when missing (as root), else say how."""
+    try:
+        fonts = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout
+    except FileNotFoundError:
+        fonts = ""
+    if Path(BROWSER).exists() and fonts.strip():
+        return
+    if os.geteuid() != 0:
+        session.error(
+            f"the browser suite needs {BROWSER} and a CJK font: run `sudo apt-get install -y "
+            f"--no-install-recommends {' '.join(BROWSER_PACKAGES)}` (or set HANDBOOK_CHROMIUM)"
+        )
+    apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
+    session.run("apt-get", "update", external=True, env=apt_env)
+    session.run(
+        "apt-get", "install", "-y", "--no-install-recommends", *BROWSER_PACKAGES,
+        external=True, env=apt_env,
+    )  # fmt: skip
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """Build the site and test it in headless Chromium (also run at the end of `tests`)."""
+    install(session, "docs", "test", "browser")
+    npm_assets(session)
+    ensure_browser(session)
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}  # the root conftest skips torch
+    session.run("pytest", "tests/e2e", *session.posargs, env=env)

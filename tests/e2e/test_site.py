@@ -1,0 +1,212 @@
+"""The built site in headless Chromium, the way a reader uses it.
+
+Every page is loaded four ways -- light and dark palette, each by a direct load and by an instant
+navigation (nav click) from another page -- and every load is checked for diagrams, formulas,
+foreign requests, console errors and copy buttons. Failures name the page, the load and the
+problem, and point at a screenshot.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.e2e import checks
+
+pytestmark = pytest.mark.browser
+
+LOADS = [("light", "direct"), ("dark", "direct"), ("light", "instant"), ("dark", "instant")]
+SCREENSHOT_POST = "posts/gradient-accumulation/"  # saved in light and dark on every run
+# Chinese domain terms (in data/jieba_user_dict.txt) and the page that must come first.
+SEARCHES = {
+    "梯度累积": "posts/gradient-accumulation/",  # gradient accumulation
+    "混合精度": "posts/gradient-accumulation/",  # mixed precision
+    "损失缩放": "posts/gradient-accumulation/",  # loss scaling
+}
+SEARCH_IDS = ["gradient-accumulation", "mixed-precision", "loss-scaling"]
+
+
+def posts() -> list[str]:
+    return [p for p in checks.source_pages(checks.ROOT / "docs") if p.startswith("posts/")]
+
+
+@pytest.fixture(scope="session")
+def page_visits(visitor):
+    """All four loads of a page, done once per page and shared by the checks below."""
+    cache: dict[str, list[checks.Visit]] = {}
+    pages = checks.site_pages()
+
+    def get(path: str) -> list[checks.Visit]:
+        if path not in cache:
+            other = "" if path else next((p for p in pages if p), "")
+            cache[path] = [
+                visitor.visit(path, scheme, via, first_from=other) for scheme, via in LOADS
+            ]
+        return cache[path]
+
+    return get
+
+
+def report(visits: list[checks.Visit], *check_names: str) -> str:
+    return "\n".join(m for v in visits for m in v.messages(*check_names))
+
+
+def test_mermaid_renders(page_visits, page_path):
+    """Every diagram is an SVG with no mermaid error, light and dark, direct and instant."""
+    problems = report(page_visits(page_path), "mermaid")
+    assert not problems, "\n" + problems
+
+
+def test_formulas_typeset(page_visits, page_path):
+    """Every .arithmatex holds KaTeX output; no raw \\( \\[ $$ left; no .katex-error."""
+    problems = report(page_visits(page_path), "katex")
+    assert not problems, "\n" + problems
+
+
+def test_no_foreign_requests_no_console_errors(page_visits, page_path):
+    """Only 127.0.0.1 is contacted (others are blocked and reported); no console/page errors."""
+    problems = report(page_visits(page_path), "network", "console")
+    assert not problems, "\n" + problems
+
+
+def test_code_blocks_have_copy_buttons(page_visits, page_path):
+    problems = report(page_visits(page_path), "copy")
+    assert not problems, "\n" + problems
+
+
+def test_every_built_page_is_tested(site_dir):
+    """The parametrization above covers exactly the pages of the built site."""
+    built = set(checks.built_pages(site_dir))
+    tested = set(checks.site_pages())
+    assert built == tested, (
+        f"built but not tested: {sorted(built - tested)}; tested but not built: "
+        f"{sorted(tested - built)}"
+    )
+
+
+@pytest.mark.parametrize("term", list(SEARCHES), ids=SEARCH_IDS)
+def test_search_finds_the_right_page_first(visitor, term):
+    page, _ = visitor.open("")
+    try:
+        try:
+            results = checks.search(page, term)
+        except Exception as exc:
+            results = []
+            error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+        else:
+            error = ""
+        want = visitor.url(SEARCHES[term])
+        if not results or results[0] != want:
+            name = f"search-{SEARCH_IDS[list(SEARCHES).index(term)]}.png"
+            shot = visitor.screenshot(page, name, full_page=False)
+            pytest.fail(
+                f"search {term!r} on the home page: first result {results[:1]}, want {want} "
+                f"(all results: {results}) {error} [screenshot: {shot}]"
+            )
+    finally:
+        page.close()
+
+
+def test_nav_reaches_every_post(visitor):
+    page, _ = visitor.open("")
+    try:
+        hrefs = page.locator("nav.md-nav--primary a.md-nav__link").evaluate_all(
+            "(as) => as.map((a) => a.href.split('#')[0])"
+        )
+        missing = [p for p in posts() if visitor.url(p) not in hrefs]
+        if missing:
+            shot = visitor.screenshot(page, "index-nav.png", full_page=False)
+            pytest.fail(f"index: the nav has no link to {missing} [screenshot: {shot}]")
+    finally:
+        page.close()
+    assert posts(), "no docs/posts/*.md found"
+
+
+def test_404_page(visitor, site_dir):
+    assert (site_dir / "404.html").exists(), f"{site_dir}/404.html was not built"
+    missing = visitor.url("no-such-page/")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(missing, timeout=10)
+    assert info.value.code == 404, f"{missing}: HTTP {info.value.code}, want 404"
+    # http.server does not send 404.html for a 404; open it directly (it links its assets
+    # absolutely, under the site_url path, as it is served on the real host).
+    page, guard = visitor.open("404.html")
+    try:
+        heading = page.locator(".md-content h1").first.inner_text()
+        styled = page.evaluate(
+            "!!document.querySelector('.md-header') && "
+            "getComputedStyle(document.querySelector('.md-header')).position"
+        )
+        problems = []
+        if "404" not in heading:
+            problems.append(f"404.html: heading {heading!r} does not say 404")
+        if styled not in ("sticky", "fixed"):
+            problems.append("404.html: Material's stylesheet is not applied (header not sticky)")
+        problems += [f"404.html: {p}" for p in guard.network_problems() + guard.console_problems()]
+        if problems:
+            shot = visitor.screenshot(page, "404-page.png")
+            pytest.fail("\n".join(problems) + f"\n[screenshot: {shot}]")
+    finally:
+        page.close()
+
+
+def test_post_screenshots(visitor):
+    """Light and dark screenshots of one post, for a person to look at (not committed)."""
+    post = SCREENSHOT_POST if SCREENSHOT_POST in posts() else (posts() or [None])[0]
+    if post is None:
+        pytest.skip("no post to screenshot")
+    slug = post.strip("/").split("/")[-1]
+    for scheme in ("light", "dark"):
+        page, _ = visitor.open(post, scheme)
+        try:
+            assert not checks.check_scheme(page, scheme)
+            path = visitor.screenshot(page, f"{slug}-{scheme}.png")
+            # a second, viewport-sized shot with the first diagram in view
+            diagram = page.locator("div.mermaid").first
+            if diagram.count():
+                diagram.scroll_into_view_if_needed()
+                visitor.screenshot(page, f"{slug}-{scheme}-diagram.png", full_page=False)
+        finally:
+            page.close()
+        assert path.stat().st_size > 10_000, f"{path} looks empty"
+        print(f"screenshot: {path}")
+
+
+def test_chinese_text_has_a_font():
+    """Chromium finds its fonts through fontconfig: without a CJK font, Chinese shows as boxes."""
+    try:
+        fonts = subprocess.run(["fc-list", ":lang=zh", "family"], capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.fail("fc-list is missing (fontconfig): Chromium cannot have found a CJK font")
+    assert fonts.stdout.strip(), (
+        "no font covers Chinese (fc-list :lang=zh is empty): pages and screenshots show boxes; "
+        "`apt-get install -y --no-install-recommends fonts-noto-cjk` (nox -s e2e does it as root)"
+    )
+
+
+def test_calculator_matches_python_on_shared_vectors(visitor):
+    """The metrics page's calculator (docs/assets/calculator.js) against the Python functions:
+    tests/fixtures/metrics_vectors.json holds inputs and the Python outputs; the browser-side
+    formulas must reproduce every one exactly (same operations, same order, IEEE doubles)."""
+    import json
+
+    vectors = json.loads((checks.ROOT / "tests/fixtures/metrics_vectors.json").read_text("utf-8"))
+    page, guard = visitor.open("posts/metrics/")
+    try:
+        mismatches = page.evaluate(
+            """(v) => Object.entries(v.functions).flatMap(([name, cases]) => cases
+                .map((c) => ({name, input: c.input, want: c.expected,
+                              got: window.handbookCalculator[name](c.input)}))
+                .filter((r) => r.got !== r.want))""",
+            vectors,
+        )
+        problems = guard.console_problems()
+    finally:
+        page.close()
+    n = sum(len(cases) for cases in vectors["functions"].values())
+    assert n > 0, "no shared vectors"
+    assert not mismatches, f"posts/metrics/: {len(mismatches)} of {n} differ: {mismatches[:3]}"
+    assert not problems, problems
