@@ -1,0 +1,53 @@
+"""Memory: bytes per parameter of mixed-precision Adam; ZeRO-1/2/3 model states per GPU."""
+
+from snippets.common.hardware import load_hardware
+from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
+
+# --8<-- [start:bytes]
+# ZeRO (Rajbhandari et al., arXiv:1910.02054) §3.1: mixed-precision Adam, bytes per parameter.
+ADAM_MIXED_PRECISION = {
+    "fp16/bf16 parameters": 2,
+    "fp16/bf16 gradients": 2,
+    "fp32 master parameters": 4,  # the three fp32 tensors are the optimizer states,
+    "fp32 momentum": 4,  # K = 4 + 4 + 4 = 12 bytes per parameter
+    "fp32 variance": 4,
+}
+K = 12
+print(sum(ADAM_MIXED_PRECISION.values()))
+#> 16
+# --8<-- [end:bytes]
+
+
+# --8<-- [start:zero]
+def zero_model_state_bytes(psi: float, nd: int, stage: int, k: float = K) -> float:
+    """Model-state bytes per GPU for psi parameters, data-parallel degree nd (ZeRO Figure 1).
+
+    stage 0: plain data parallelism, everything replicated       (2 + 2 + K) psi
+    stage 1: P_os,     optimizer states sharded                 2 psi + 2 psi + K psi / nd
+    stage 2: P_os+g,   + gradients sharded                      2 psi + (2 + K) psi / nd
+    stage 3: P_os+g+p, + parameters sharded                     (2 + 2 + K) psi / nd
+    """
+    if stage == 0:
+        return (2 + 2 + k) * psi
+    if stage == 1:
+        return 2 * psi + 2 * psi + k * psi / nd
+    if stage == 2:
+        return 2 * psi + (2 + k) * psi / nd
+    if stage == 3:
+        return (2 + 2 + k) * psi / nd
+    raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+
+
+# --8<-- [end:zero]
+
+# --8<-- [start:qwen3]
+psi = qwen3_params(QWEN3_8B)["total"]
+h200 = load_hardware()["h200-sxm"]
+for stage in range(4):  # Qwen3-8B on 8 data-parallel GPUs; H200 holds 141 GB
+    gb = zero_model_state_bytes(psi, nd=8, stage=stage) / 1e9
+    print(stage, round(gb, 1), "GB", f"{gb / h200.memory_gb:.0%} of an H200")
+    #> 0 131.1 GB 93% of an H200
+    #> 1 45.0 GB 32% of an H200
+    #> 2 30.7 GB 22% of an H200
+    #> 3 16.4 GB 12% of an H200
+# --8<-- [end:qwen3]
