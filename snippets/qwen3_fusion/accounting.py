@@ -41,8 +41,10 @@ def rmsnorm(name, rows, dim):
     return fwd, bwd
 
 
-def elementwise(name, n_in, n_out, numel, flops_per_element):
+def elementwise(name, n_in, n_out, numel, flops_per_element, identity_backward=False):
     fwd = Op(name, "elementwise", flops_per_element * numel, BYTES * (n_in + n_out) * numel)
+    if identity_backward:  # a + b: both inputs receive the output gradient itself, no kernel
+        return fwd, Op(name, "elementwise", 0, 0)
     # backward reads the forward inputs and the output gradient, writes one grad per input
     bwd = Op(name, "elementwise", 2 * flops_per_element * numel, BYTES * (2 * n_in + 1) * numel)
     return fwd, bwd
@@ -74,13 +76,13 @@ def layer_ops(cfg: Qwen3Config = QWEN3_8B, batch: int = 2, seq: int = 4096):
         elementwise("rope (q, k)", 1, 1, t * (nq + nkv) * d, 3),
         attention("attention", batch, seq, nq, nkv, d),
         linear("o_proj", t, nq * d, h),
-        elementwise("residual add", 2, 1, t * h, 1),
+        elementwise("residual add", 2, 1, t * h, 1, identity_backward=True),
         rmsnorm("post_attention_layernorm", t, h),
         linear("gate_proj", t, h, i),
         linear("up_proj", t, h, i),
         elementwise("silu(gate) * up", 2, 1, t * i, 5),
         linear("down_proj", t, i, h),
-        elementwise("residual add", 2, 1, t * h, 1),
+        elementwise("residual add", 2, 1, t * h, 1, identity_backward=True),
     ]
 
 

@@ -94,7 +94,9 @@ def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
                 "fwd_tflops": fwd_op.flops / t_fwd / 1e9,
                 "fwd_tb_s": fwd_op.bytes / t_fwd / 1e9,
                 "fwd_of_copy": fwd_op.bytes / t_fwd * 1e3 / ceilings["copy_bytes_per_s"],
-                "bwd_of_copy": bwd_op.bytes / t_bwd * 1e3 / ceilings["copy_bytes_per_s"],
+                "bwd_of_copy": (bwd_op.bytes / t_bwd * 1e3 / ceilings["copy_bytes_per_s"])
+                if bwd_op.bytes
+                else None,  # an identity backward moves no bytes of its own
             }
         )
     return rows
