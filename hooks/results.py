@@ -70,6 +70,10 @@ def provenance_line(record: dict, page) -> str:
     return f'<p class="provenance">{text} · <a href="{href}" download>原始数据 JSON</a></p>'
 
 
+def _is_text(rows: list[dict], key: str) -> bool:
+    return any(isinstance(r.get(key), str) for r in rows)
+
+
 def table(record: dict, page) -> str:
     spec = record.get("table")
     if not spec:
@@ -79,7 +83,7 @@ def table(record: dict, page) -> str:
         f"**{record['title']}**",
         "",
         "| " + " | ".join(c["label"] for c in cols) + " |",
-        "|" + "---:|" * len(cols),
+        "|" + "".join(":---|" if _is_text(spec["rows"], c["key"]) else "---:|" for c in cols),
     ]
     for row in spec["rows"]:
         lines.append("| " + " | ".join(_fmt(row[c["key"]], c.get("format")) for c in cols) + " |")
