@@ -150,3 +150,35 @@ def test_result_records_provenance_and_hashes(scratch):
     assert set(FAKE_PROVENANCE) <= set(record["provenance"])
     assert set(record["sources"]) == {"snippets/demo/bench.py", *res.HARNESS}
     assert all(d.startswith("sha256:") and len(d) == 71 for d in record["sources"].values())
+
+
+def test_hook_renders_tables_and_well_formed_svg(scratch):
+    """hooks/results.py turns a record into a Markdown table and parseable SVG plots."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+    from types import SimpleNamespace
+
+    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
+    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    rows = [{"name": "a", "x": 1.0, "y": 2.0}, {"name": "b", "x": 300.0, "y": 900.0}]
+    record = json.loads(measure(scratch).read_text(encoding="utf-8"))
+    record["table"] = {
+        "columns": [{"key": "name", "label": "名称"}, {"key": "y", "label": "值", "format": ".1f"}],
+        "rows": rows,
+    }
+    record["plot"] = [
+        {"x": "name", "y": "y", "x_label": "名称", "y_label": "值"},
+        {"kind": "roofline", "x": "x", "y": "y", "label": "name", "peak_tflops": 700.0,
+         "bandwidth_tb_s": 4.0, "x_label": "FLOP/B", "y_label": "TFLOP/s"},
+    ]  # fmt: skip
+    page = SimpleNamespace(url="posts/demo/", file=SimpleNamespace(src_uri="posts/demo.md"))
+    table = hook.table(record, page)
+    assert "| 名称 | 值 |\n|:---|---:|\n| a | 2.0 |\n| b | 900.0 |" in table
+    assert 'href="../../results/demo/speed.json"' in table
+    svgs = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
+    assert len(svgs) == 2
+    for svg in svgs:
+        ET.fromstring(svg)  # well-formed
+    assert svgs[1].count("<circle") == 2 and "脊点 175 FLOP/B" in svgs[1]
