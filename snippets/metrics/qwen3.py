@@ -1,17 +1,12 @@
-"""Qwen3-8B, the running example: its config and parameter counts (no side effects on import)."""
+"""Qwen3-8B, the running example: its config and parameter counts, counted by hand."""
 
 # --8<-- [start:config]
-# Qwen/Qwen3-8B config.json on the Hugging Face Hub: the fields that set the parameter count.
-QWEN3_8B = {
-    "hidden_size": 4096,
-    "num_hidden_layers": 36,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "intermediate_size": 12288,
-    "vocab_size": 151936,
-    "tie_word_embeddings": False,
-}
+from dataclasses import asdict
+
+from snippets.qwen3_fusion.model import QWEN3_8B as SHARED_CONFIG
+
+# The series' shared Qwen3-8B config (values of Qwen/Qwen3-8B's config.json), as a plain dict.
+QWEN3_8B = asdict(SHARED_CONFIG)
 
 
 def qwen3_params(cfg: dict) -> dict:

@@ -538,3 +538,16 @@ def test_vectors_cover_every_zero_stage_and_collective():
     ops = {c["input"]["op"] for c in cases["busFactor"]}
     assert ops == set(NCCL_OPS)
     assert all(math.isfinite(c["expected"]) for cs in cases.values() for c in cs)
+
+
+def test_hand_count_equals_the_shared_models_parameters():
+    """qwen3_params counts from the config by formula; the shared model counts its tensors."""
+    from snippets.qwen3_fusion.model import QWEN3_8B as CFG
+    from snippets.qwen3_fusion.model import count_parameters
+
+    counted = count_parameters(CFG)
+    by_hand = qwen3_params(QWEN3_8B)
+    assert (by_hand["total"], by_hand["non_embedding"]) == (
+        counted["total"],
+        counted["non_embedding"],
+    )
