@@ -170,13 +170,59 @@ def svg_roofline(rows: list[dict], spec: dict) -> str:
     return "".join(parts)
 
 
+def svg_scatter(rows: list[dict], spec: dict) -> str:
+    """Linear x-y scatter, one labelled point per row. Rows whose spec['front'] key is true are
+    filled and joined by a line (a Pareto front); others are hollow. The row whose
+    spec['highlight'] key is true gets a ring."""
+    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 24
+    xs = [float(r[spec["x"]]) for r in rows]
+    ys = [float(r[spec["y"]]) for r in rows]
+    x_hi, y_hi = max(xs) * 1.1 or 1.0, max(ys) * 1.1 or 1.0
+
+    def px(x):
+        return left + x / x_hi * (w - left - right)
+
+    def py(y):
+        return h - bottom - y / y_hi * (h - bottom - top)
+
+    front = sorted((x, y) for r, x, y in zip(rows, xs, ys, strict=True) if r.get(spec.get("front")))
+    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in front)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
+        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
+        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        f'<polyline points="{line}" fill="none" stroke="var(--md-primary-fg-color)" '
+        'stroke-dasharray="4 3"/>',
+        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
+        _text((w + left) / 2, h - 6, spec["x_label"]),
+    ]
+    for i in range(5):  # ticks at 0, 1/4, ..., 1 of each axis
+        parts.append(_text(px(x_hi * i / 4), h - bottom + 16, f"{x_hi * i / 4:.3g}", size=10))
+        parts.append(_text(left - 22, py(y_hi * i / 4) + 4, f"{y_hi * i / 4:.3g}", size=10))
+    for row, x, y in zip(rows, xs, ys, strict=True):
+        fill = "var(--md-primary-fg-color)" if row.get(spec.get("front")) else "none"
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{fill}" '
+            'stroke="var(--md-primary-fg-color)" stroke-width="1.5"/>',
+            _text(px(x) + 9, py(y) + 4, str(row[spec["label"]]), size=10),
+        ]
+        if row.get(spec.get("highlight")):
+            parts.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="9" fill="none" '
+                'stroke="currentColor" stroke-width="1.5"/>'
+            )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def plot(record: dict, page) -> str:
     specs = record.get("plot")
     if not specs:
         raise KeyError("plot")
     specs = specs if isinstance(specs, list) else [specs]
     rows = record["table"]["rows"]
-    draw = {"bars": svg_bars, "roofline": svg_roofline}
+    draw = {"bars": svg_bars, "roofline": svg_roofline, "scatter": svg_scatter}
     figures = [
         f'<div class="result-plot">{draw[s.get("kind", "bars")](rows, s)}</div>' for s in specs
     ]
