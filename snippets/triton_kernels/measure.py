@@ -1,0 +1,297 @@
+"""Benchmark functions: byte models, runners for ours / eager / torch.compile / Liger Kernel.
+
+Functions only; bench_gpu.py runs them on the GPU at Qwen3-8B shapes. They also run on the CPU
+at tiny shapes (tests/snippets/test_triton_kernels.py) with a stand-in timer.
+"""
+
+import importlib
+import importlib.metadata
+from dataclasses import dataclass, replace
+
+import torch
+from torch.func import functional_call
+
+from snippets.common.bench import rate
+from snippets.qwen3_fusion.model import QWEN3_8B, RMSNorm, lm_loss, rope_tables
+from snippets.qwen3_fusion.model import apply_rope as eager_rope
+from snippets.qwen3_fusion.model import swiglu as eager_swiglu
+from snippets.triton_kernels.cross_entropy import LinearCrossEntropyFunction
+from snippets.triton_kernels.rmsnorm import RMSNormFunction, add_rms_norm, rms_norm
+from snippets.triton_kernels.rope import apply_rope
+from snippets.triton_kernels.swiglu import swiglu
+
+
+# --8<-- [start:bytes]
+@dataclass(frozen=True)
+class Shapes:
+    batch: int = 2
+    seq: int = 4096
+    hidden: int = QWEN3_8B.hidden_size
+    intermediate: int = QWEN3_8B.intermediate_size
+    q_heads: int = QWEN3_8B.num_attention_heads
+    kv_heads: int = QWEN3_8B.num_key_value_heads
+    head_dim: int = QWEN3_8B.head_dim
+    vocab: int = QWEN3_8B.vocab_size
+    eps: float = QWEN3_8B.rms_norm_eps
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq
+
+
+def byte_model(op: str, s: Shapes, elem: int) -> tuple[int, int]:
+    """Bytes that any implementation must move, forward and backward: each input read once,
+    each output written once. Per-row statistics, weights and dw (O(T + H)) are left out:
+    under 0.1% at these shapes."""
+    t, h, i = s.tokens, s.hidden, s.intermediate
+    qk = t * (s.q_heads + s.kv_heads) * s.head_dim
+    fwd, bwd = {
+        "RMSNorm": (2 * t * h, 3 * t * h),  # x -> y;  dy, x -> dx
+        "残差加 + RMSNorm": (4 * t * h, 4 * t * h),  # x, r -> s, y;  dy, ds, s -> dx (= dr)
+        "SwiGLU": (3 * t * i, 5 * t * i),  # gate, up -> h;  dh, gate, up -> dgate, dup
+        "RoPE (q, k)": (2 * qk, 2 * qk),  # q, k -> q, k;  dq, dk -> dq, dk
+    }[op]
+    return fwd * elem, bwd * elem
+
+
+def loss_flops(s: Shapes) -> int:
+    """Three matmuls of 2 N H V FLOP each: logits, dh, dW (the softmax is negligible)."""
+    return 6 * s.tokens * s.hidden * s.vocab
+
+
+# --8<-- [end:bytes]
+
+
+# --8<-- [start:implementations]
+OPS = ("RMSNorm", "残差加 + RMSNorm", "SwiGLU", "RoPE (q, k)")
+
+
+def liger_ops():
+    """Liger Kernel's ops with our signatures; or, when it cannot be used here, the reason."""
+    try:
+        lk = importlib.import_module("liger_kernel.ops")
+        rope = importlib.import_module("liger_kernel.transformers.rope")
+        flce = importlib.import_module("liger_kernel.transformers.fused_linear_cross_entropy")
+        version = importlib.metadata.version("liger-kernel")
+    except ImportError as exc:  # not installed, or a dependency missing: its rows are left out
+        return f"未安装（{exc}）"
+
+    def add_norm(x, r, w, eps):
+        y, s = lk.LigerFusedAddRMSNormFunction.apply(x, r, w, eps, 0.0, "llama", False)
+        return s, y
+
+    loss = flce.LigerFusedLinearCrossEntropyLoss()  # mean over labels != -100; (weight, x, y)
+    return {
+        "version": version,
+        "RMSNorm": lambda x, w, eps: lk.LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False),
+        "残差加 + RMSNorm": add_norm,
+        "SwiGLU": lambda g, u: lk.LigerSiLUMulFunction.apply(g, u),
+        "RoPE (q, k)": lambda q, k, cos, sin: rope.liger_rotary_pos_emb(q, k, cos, sin),
+        "loss": lambda h, w, y: loss(w, h.reshape(-1, h.shape[-1]), y.reshape(-1)),
+    }
+
+
+def eager_ops(hidden, eps):
+    norm = RMSNorm(hidden, eps)  # the model's own module, called with our weight tensor
+
+    def rms(x, w, eps):
+        return functional_call(norm, {"weight": w}, (x,))
+
+    def add_norm(x, r, w, eps):
+        s = x + r
+        return s, rms(s, w, eps)
+
+    return {"RMSNorm": rms, "残差加 + RMSNorm": add_norm, "SwiGLU": eager_swiglu,
+            "RoPE (q, k)": eager_rope, "loss": lm_loss}  # fmt: skip
+
+
+def implementations(names, hidden, eps):
+    """{implementation: {op: callable}} for the requested names that are available here."""
+    ours = {"RMSNorm": rms_norm, "残差加 + RMSNorm": add_rms_norm, "SwiGLU": swiglu,
+            "RoPE (q, k)": apply_rope, "loss": LinearCrossEntropyFunction.apply}  # fmt: skip
+    found = {}
+    for name in names:
+        if name == "ours":
+            found[name] = ours
+        elif name == "eager":
+            found[name] = eager_ops(hidden, eps)
+        elif name == "torch.compile":
+            eager = eager_ops(hidden, eps)
+            found[name] = {op: torch.compile(fn, dynamic=False) for op, fn in eager.items()}
+        elif name == "Liger Kernel" and isinstance(liger := liger_ops(), dict):
+            found[name] = liger
+    return found
+
+
+# --8<-- [end:implementations]
+
+
+# --8<-- [start:runners]
+def op_inputs(op, s: Shapes, device, dtype):
+    """Leaves (requiring grad) and extra arguments for one operator at the given shapes."""
+    t, h = s.tokens, s.hidden
+
+    def leaf(*shape):
+        return torch.randn(*shape, device=device, dtype=dtype).requires_grad_()
+
+    def weight():
+        return (1 + 0.1 * torch.randn(h, device=device)).to(dtype).requires_grad_()
+
+    if op == "RMSNorm":
+        return [leaf(t, h), weight()], [s.eps]
+    if op == "残差加 + RMSNorm":
+        return [leaf(t, h), leaf(t, h), weight()], [s.eps]
+    if op == "SwiGLU":
+        return [leaf(t, s.intermediate), leaf(t, s.intermediate)], []
+    cfg = replace(QWEN3_8B, head_dim=s.head_dim)
+    cos, sin = (x.to(dtype) for x in rope_tables(cfg, s.seq, device))
+
+    def heads(n):  # [batch, seq, heads, dim] viewed as [batch, heads, seq, dim], as in the model
+        x = torch.randn(s.batch, s.seq, n, s.head_dim, device=device, dtype=dtype)
+        return x.transpose(1, 2).requires_grad_()
+
+    return [heads(s.q_heads), heads(s.kv_heads)], [cos, sin]
+
+
+def runners(fn, leaves, extra):
+    """(forward, backward, forward + backward) callables; backward reuses one recorded graph."""
+    out = fn(*leaves, *extra)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) for o in outs]
+
+    def forward():
+        return fn(*leaves, *extra)
+
+    def backward():
+        return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+
+    def both():
+        o = fn(*leaves, *extra)
+        return torch.autograd.grad(o if isinstance(o, tuple) else (o,), leaves, grads)
+
+    return forward, backward, both
+
+
+# --8<-- [end:runners]
+
+
+# --8<-- [start:measure]
+def measure_ops(s: Shapes, device, dtype, timer, copy_bytes_per_s, impls, ops=OPS):
+    """One row per (operator, implementation): times and fractions of the copy bandwidth."""
+    elem = torch.finfo(dtype).bits // 8
+    rows = []
+    for op in ops:
+        fwd_bytes, bwd_bytes = byte_model(op, s, elem)
+        for name, fns in impls.items():
+            leaves, extra = op_inputs(op, s, device, dtype)
+            fwd, bwd, both = (timer(f)["median"] for f in runners(fns[op], leaves, extra))
+            rows.append(
+                {
+                    "op": op,
+                    "impl": name,
+                    "fwd_ms": fwd,
+                    "bwd_ms": bwd,
+                    "fwdbwd_ms": both,
+                    "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
+                    "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s,
+                    "fwdbwd_of_copy": rate(fwd_bytes + bwd_bytes, both) / copy_bytes_per_s,
+                }
+            )
+            del leaves, extra
+    return rows
+
+
+def sweep_rmsnorm(hiddens, tokens, device, dtype, timer, copy_bytes_per_s, impls):
+    """RMSNorm forward + backward over hidden sizes: fraction of the copy bandwidth per impl."""
+    elem = torch.finfo(dtype).bits // 8
+    rows = []
+    for h in hiddens:
+        s = Shapes(batch=1, seq=tokens, hidden=h)
+        row = {"hidden": h}
+        for name, fns in impls.items():
+            leaves, extra = op_inputs("RMSNorm", s, device, dtype)
+            ms = timer(runners(fns["RMSNorm"], leaves, extra)[2])["median"]
+            row[name] = rate(5 * tokens * h * elem, ms) / copy_bytes_per_s
+        rows.append(row)
+    return rows
+
+
+def loss_variant(chunk_rows, dw_dtype):
+    def loss(h, w, y):
+        return LinearCrossEntropyFunction.apply(h, w, y, -100, chunk_rows, dw_dtype)
+
+    return loss
+
+
+def sweep_rows_per_program(s: Shapes, device, dtype, timer, copy_bytes_per_s, choices):
+    """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
+    flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
+    elem = torch.finfo(dtype).bits // 8
+    t, h = s.tokens, s.hidden
+    rows = []
+    for per in choices:
+        leaves, extra = op_inputs("RMSNorm", s, device, dtype)
+
+        def norm(x, w, eps, per=per):
+            return RMSNormFunction.apply(x, w, eps, None, per)
+
+        ms = timer(runners(norm, leaves, extra)[1])["median"]
+        programs = -(-t // per)
+        rows.append({"rows_per_program": per, "programs": programs, "bwd_ms": ms,
+                     "bwd_of_copy": rate(3 * t * h * elem, ms) / copy_bytes_per_s,
+                     "partial_mb": 2 * programs * h * 4 / 1e6})  # fmt: skip
+    return rows
+
+
+def measure_loss(s: Shapes, device, dtype, timer, matmul_flop_per_s, impls, memory, variants):
+    """Linear + cross-entropy: time, matmul-throughput fraction, and peak memory beyond the
+    inputs and the two gradients every implementation returns (dh, dW), vs the bf16 logits."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    h = torch.randn(s.tokens, s.hidden, device=device, dtype=dtype, generator=gen)
+    w = torch.randn(s.vocab, s.hidden, device=device, dtype=dtype, generator=gen) * s.hidden**-0.5
+    y = torch.randint(0, s.vocab, (s.tokens,), device=device, generator=gen)
+    h.requires_grad_(), w.requires_grad_()
+    logits_bytes = s.tokens * s.vocab * torch.finfo(dtype).bits // 8
+    grads_bytes = (h.numel() + w.numel()) * torch.finfo(dtype).bits // 8
+    rows = []
+    for label, name, options in variants:  # options: (chunk_rows, dW accumulator dtype) for ours
+        if name not in impls:
+            continue
+        fn = impls[name]["loss"]
+        if options:
+            fn = loss_variant(*options)
+
+        def forward(fn=fn):
+            return fn(h, w, y)
+
+        def both(fn=fn):
+            return torch.autograd.grad(fn(h, w, y), (h, w))
+
+        fwd_ms, both_ms = timer(forward)["median"], timer(both)["median"]
+        extra = memory(both) - grads_bytes
+        rows.append(
+            {
+                "impl": label,
+                "fwd_ms": fwd_ms,
+                "fwdbwd_ms": both_ms,
+                "of_matmul": rate(loss_flops(s), both_ms) / matmul_flop_per_s,
+                "extra_gib": extra / 2**30,
+                "extra_of_logits": extra / logits_bytes,
+            }
+        )
+    return rows
+
+
+def peak_bytes_cuda(fn):
+    """Peak allocated bytes while fn runs, above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return peak
+
+
+# --8<-- [end:measure]

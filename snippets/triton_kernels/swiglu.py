@@ -1,0 +1,104 @@
+"""SwiGLU's activation h = silu(gate) * up in Triton, forward and backward.
+
+Elementwise: the forward reads gate and up and writes h (3 tensors of [T, I]); the backward
+reads dh, gate and up and writes dgate and dup (5 tensors). Computed in fp32 and rounded once.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from snippets.common.device import DEVICE, LOW_PRECISION
+from snippets.triton_kernels.numerics import swiglu_exact, within
+
+BLOCK = 1024  # columns per program
+
+
+# --8<-- [start:kernels]
+@triton.jit
+def swiglu_fwd_kernel(G, U, H, stride_g, stride_u, stride_h, n_cols, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # grid: (rows, column blocks)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < n_cols
+    g = tl.load(G + row * stride_g + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + c, mask=mask, other=0.0).to(tl.float32)
+    h = g * tl.sigmoid(g) * u
+    tl.store(H + row * stride_h + c, h.to(H.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def swiglu_bwd_kernel(DH, G, U, DG, DU, stride_dh, stride_g, stride_u, stride_dg, stride_du,
+                      n_cols, BLOCK: tl.constexpr):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = c < n_cols
+    dh = tl.load(DH + row * stride_dh + c, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(G + row * stride_g + c, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + c, mask=mask, other=0.0).to(tl.float32)
+    s = tl.sigmoid(g)
+    du = dh * g * s  # d/du: silu(g)
+    dg = dh * u * s * (1 + g * (1 - s))  # d silu/dg = s + g s (1 - s)
+    tl.store(DG + row * stride_dg + c, dg.to(DG.dtype.element_ty), mask=mask)
+    tl.store(DU + row * stride_du + c, du.to(DU.dtype.element_ty), mask=mask)
+
+
+# --8<-- [end:kernels]
+
+
+# --8<-- [start:autograd]
+def _rows(t):  # [..., I] -> [rows, I] with contiguous rows (a view for chunks of a fused matmul)
+    rows = t.reshape(-1, t.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _grid(rows, cols, block):
+    return (rows, triton.cdiv(cols, block))
+
+
+class SwiGLUFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, gate, up, block=None):
+        block = block or BLOCK
+        g, u = _rows(gate), _rows(up)
+        h = torch.empty(g.shape, device=g.device, dtype=g.dtype)
+        swiglu_fwd_kernel[_grid(*g.shape, block)](
+            g, u, h, g.stride(0), u.stride(0), h.stride(0), g.shape[1], BLOCK=block
+        )
+        ctx.save_for_backward(g, u)
+        ctx.shape, ctx.block = gate.shape, block
+        return h.view(gate.shape)
+
+    @staticmethod
+    def backward(ctx, dh):
+        g, u = ctx.saved_tensors
+        dh = _rows(dh)
+        dg, du = torch.empty_like(g), torch.empty_like(u)
+        swiglu_bwd_kernel[_grid(*g.shape, ctx.block)](
+            dh, g, u, dg, du, dh.stride(0), g.stride(0), u.stride(0), dg.stride(0), du.stride(0),
+            g.shape[1], BLOCK=ctx.block,
+        )  # fmt: skip
+        return dg.view(ctx.shape), du.view(ctx.shape), None
+
+
+def swiglu(gate, up):
+    """Drop-in for the model's `mlp_act` swap point."""
+    return SwiGLUFunction.apply(gate, up)
+
+
+# --8<-- [end:autograd]
+
+
+# --8<-- [start:check]
+def check_swiglu(rows, cols, dtype, block=None, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    gate, up, dh = (torch.randn(rows, cols, generator=gen).to(DEVICE, dtype) for _ in range(3))
+    gate.requires_grad_(), up.requires_grad_()
+    h = SwiGLUFunction.apply(gate, up, block)
+    h.backward(dh)
+    exact, bound = swiglu_exact(gate, up, dh)
+    return within({"h": h, "dg": gate.grad, "du": up.grad}, exact, bound)
+
+
+print([check_swiglu(5, 300, dtype, block=128) for dtype in (torch.float32, LOW_PRECISION)])
+#> [True, True]
+# --8<-- [end:check]

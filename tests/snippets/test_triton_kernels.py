@@ -1,0 +1,411 @@
+"""Unit tests for snippets/triton_kernels/: each kernel against fp64, the Qwen3 swap, the benchmark.
+
+On the CPU the kernels run in the Triton interpreter in fp32 (fp16 where noted; the
+interpreter mangles bf16); tests marked `gpu` run bf16, fp16 and fp32 on CUDA at larger shapes.
+
+Tolerances (derived in snippets/triton_kernels/numerics.py, shown on the page): every check is
+|kernel - exact| <= bound elementwise, exact = the same formula in fp64 on the same inputs.
+u_p is the unit roundoff of a storage dtype (fp32 2^-24, fp16 2^-11, bf16 2^-8), counted once
+per rounding to it, plus half the smallest subnormal for results that underflow; gamma_n =
+nU/(1 - nU), U = 2^-24, for fp32 arithmetic and reductions of length n inside the kernels.
+  RMSNorm (T rows of H)  y: (u_x + u_y + gamma(H+8))|y|
+                         dx: (u_x + u_y + gamma(4H+32)) rstd (|g| + |n| mean|g||n|) (+|ds|)
+                         dw: (u_x + u_w + gamma(T+H+16)) sum_rows |dy||n|
+                         fused add: 2(u_x + U) more in each; s: (u_x + U)|s|
+  SwiGLU                 h, dup: (u_p + (|g|+10)U)|.|;  dgate: u_p|dg| + U|dh up| s(...)
+  RoPE                   (u_p + gamma_3)(|a||cos| + |b||sin|), forward and backward
+  linear+CE (N, H, V)    logits off by (u_p + gamma_H)|h||W|; lse evaluation gamma(2V+8)(...);
+                         mean gamma(N+2); dh: + gamma(V+3); dW: + gamma_N and one rounding to
+                         W's dtype (or one per chunk when accumulating in W's dtype)
+  Qwen3 model swap       2 gamma_n norm-wise, n = 1000 the longest reduction (as in
+                         tests/snippets/test_qwen3_fusion.py)
+test_bounds_are_not_vacuous shows that typical bugs land far outside these bounds.
+
+The snippet modules are imported inside the tests: when the page has run first in the same
+session (tests/pages.py registers each included file as its module), they are not re-executed.
+"""
+
+import importlib
+
+import pytest
+import torch
+
+from snippets.common.device import DEVICE
+from snippets.triton_kernels.numerics import (
+    cross_entropy_exact,
+    rmsnorm_exact,
+    rope_exact,
+    swiglu_exact,
+    within,
+)
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nox -s gpu_docs)")
+
+
+def kernel(name):
+    return importlib.import_module(f"snippets.triton_kernels.{name}")
+
+
+# RMSNorm and fused add + RMSNorm ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rows", "h", "block", "per"),
+    [
+        (1, 100, None, None),  # one row
+        (64, 300, None, 8),  # many rows, non-power-of-two H, 8 programs for dw
+        (37, 64, None, 16),  # rows not a multiple of rows-per-program: masked tail
+        (9, 100, 32, 4),  # H wider than one block: the two-pass path
+    ],
+)
+@pytest.mark.parametrize("residual", [False, True], ids=["norm", "add+norm"])
+def test_rmsnorm_fp32(rows, h, block, per, residual):
+    rn = kernel("rmsnorm")
+    g = torch.Generator().manual_seed(1)
+    x, r, dy, ds = (torch.randn(rows, h, generator=g) for _ in range(4))
+    w = 1 + 0.1 * torch.randn(h, generator=g)
+    x, r, w = (t.to(DEVICE).requires_grad_() for t in (x, r, w))
+    dy, ds = dy.to(DEVICE), ds.to(DEVICE)
+    if residual:
+        s, y = rn.AddRMSNormFunction.apply(x, r, w, 1e-6, block, per)
+        torch.autograd.backward((s, y), (ds, dy))
+        got = {"y": y, "s": s, "dx": x.grad, "dr": r.grad, "dw": w.grad}
+        exact, bound = rmsnorm_exact(x, w, dy, 1e-6, residual=r, ds=ds)
+    else:
+        y = rn.RMSNormFunction.apply(x, w, 1e-6, block, per)
+        y.backward(dy)
+        got = {"y": y, "dx": x.grad, "dw": w.grad}
+        exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
+    assert within(got, exact, bound)
+
+
+@pytest.mark.parametrize("layout", ["column-strided", "row-strided", "transposed"])
+def test_rmsnorm_non_contiguous_inputs(layout):
+    rn = kernel("rmsnorm")
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(6, 4, 2 * 40, generator=g).to(DEVICE)
+    x = {
+        "column-strided": base[..., ::2],  # stride 2 along H: copied to contiguous rows
+        "row-strided": base[:, :, :40],  # rows 80 apart: a strided view, no copy
+        "transposed": base[..., :40].transpose(0, 1),  # [4, 6, 40] with permuted strides
+    }[layout].requires_grad_()
+    w = (1 + 0.1 * torch.randn(40, generator=g)).to(DEVICE).requires_grad_()
+    dy = torch.randn(x.shape, generator=g).to(DEVICE)
+    y = rn.rms_norm(x, w, 1e-6)
+    y.backward(dy)
+    exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
+    assert y.shape == x.shape
+    assert within({"y": y, "dx": x.grad, "dw": w.grad}, exact, bound)
+
+
+def test_rmsnorm_casts_like_hugging_face():
+    """fp16 in, fp16 weight: our output equals the eager HF-order RMSNorm bit for bit (rare
+    last-bit ties of the fp32 statistics aside), while rounding after the weight multiply
+    agrees on far fewer elements, so the test tells the two orders apart."""
+    from snippets.qwen3_fusion.model import RMSNorm
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(32, 256, generator=g).to(DEVICE, torch.float16)
+    w = (1 + 2 * torch.rand(256, generator=g)).to(DEVICE, torch.float16)
+    eager = RMSNorm(256, 1e-6).to(DEVICE, torch.float16)
+    with torch.no_grad():
+        eager.weight.copy_(w)
+    reference = eager(x)
+    x32 = x.float()
+    after = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()).half()
+    ours = kernel("rmsnorm").rms_norm(x, w, 1e-6)
+    assert (ours == reference).float().mean() >= 0.999
+    assert (after == reference).float().mean() <= 0.9
+
+
+def test_rmsnorm_module_is_a_drop_in():
+    rn = kernel("rmsnorm")
+    module = rn.TritonRMSNorm(48, 1e-6)
+    assert [n for n, _ in module.named_parameters()] == ["weight"]
+    assert torch.equal(module.weight, torch.ones(48))
+
+
+# SwiGLU ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("shape", "block", "fused_view"),
+    [
+        ((1, 300), None, False),  # one row, non-power-of-two width
+        ((3, 11, 200), 64, False),  # 3-D input, several column blocks with a masked tail
+        ((16, 96), 32, True),  # gate and up: halves of one fused [rows, 2I] matmul output
+    ],
+)
+def test_swiglu_fp32(shape, block, fused_view):
+    sw = kernel("swiglu")
+    g = torch.Generator().manual_seed(3)
+    if fused_view:
+        both = torch.randn(*shape[:-1], 2 * shape[-1], generator=g).to(DEVICE).requires_grad_()
+        gate, up = both.chunk(2, dim=-1)  # non-contiguous views
+    else:
+        gate, up = (torch.randn(shape, generator=g).to(DEVICE).requires_grad_() for _ in range(2))
+    dh = torch.randn(shape, generator=g).to(DEVICE)
+    h = sw.SwiGLUFunction.apply(gate, up, block)
+    dg, du = torch.autograd.grad(h, (gate, up), dh)
+    exact, bound = swiglu_exact(gate, up, dh)
+    assert within({"h": h, "dg": dg, "du": du}, exact, bound)
+
+
+def test_swiglu_fp16():
+    assert kernel("swiglu").check_swiglu(7, 130, torch.float16, block=64)
+
+
+# RoPE ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("batch", "n_qh", "n_kh", "seq", "dim", "block_heads"),
+    [
+        (1, 1, 1, 1, 16, None),  # one position, one head
+        (2, 4, 2, 8, 16, None),  # GQA 4:2, the TINY model's head_dim
+        (1, 3, 1, 5, 12, 2),  # non-power-of-two heads and half-dim (6): masked tiles
+    ],
+)
+def test_rope_fp32(batch, n_qh, n_kh, seq, dim, block_heads):
+    assert kernel("rope").check_rope(batch, n_qh, n_kh, seq, dim, torch.float32, block_heads)
+
+
+def test_rope_contiguous_layout_and_general_tables():
+    """q, k contiguous as [batch, heads, seq, dim]; cos and sin with different halves (not the
+    model's duplicated table): the backward must still be the exact transpose."""
+    rp = kernel("rope")
+    g = torch.Generator().manual_seed(4)
+    q, k = (torch.randn(2, n, 3, 8, generator=g).to(DEVICE).requires_grad_() for n in (2, 1))
+    angles = torch.rand(3, 8, generator=g).to(DEVICE) * 6
+    cos, sin = angles.cos(), angles.sin()
+    qo, ko = rp.apply_rope(q, k, cos, sin)
+    dqo, dko = torch.randn_like(qo), torch.randn_like(ko)
+    dq, dk = torch.autograd.grad((qo, ko), (q, k), (dqo, dko))
+    exact, bound = rope_exact(q, k, cos, sin, dqo, dko)
+    assert within({"q": qo, "k": ko, "dq": dq, "dk": dk}, exact, bound)
+
+
+# Linear + cross-entropy ------------------------------------------------------------------------
+
+
+def ce_case(n, hid, vocab, seed, dtype=torch.float32, ignore=()):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, hid, generator=g).to(DEVICE, dtype).requires_grad_()
+    w = (torch.randn(vocab, hid, generator=g) / hid**0.5).to(DEVICE, dtype).requires_grad_()
+    labels = torch.randint(0, vocab, (n,), generator=g)
+    labels[list(ignore)] = -100
+    return h, w, labels.to(DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("n", "hid", "vocab", "chunk", "block_v", "ignore"),
+    [
+        (1, 32, 100, None, None, ()),  # one row, one vocabulary block
+        (64, 64, 500, 16, 128, (3, 40)),  # many rows, 4 chunks, 4 vocabulary blocks
+        (37, 40, 257, 8, 64, ()),  # chunks that do not divide the rows; V not a block multiple
+        (12, 16, 50, 5, None, tuple(range(11))),  # all rows but one ignored
+    ],
+)
+def test_linear_cross_entropy_fp32(n, hid, vocab, chunk, block_v, ignore):
+    ce = kernel("cross_entropy")
+    h, w, labels = ce_case(n, hid, vocab, seed=n, ignore=ignore)
+    loss = ce.LinearCrossEntropyFunction.apply(h, w, labels, -100, chunk, torch.float32, block_v)
+    dh, dw = torch.autograd.grad(loss, (h, w))
+    exact, bound = cross_entropy_exact(h, w, labels)
+    assert within({"loss": loss, "dh": dh, "dw": dw}, exact, bound)
+
+
+def test_linear_cross_entropy_as_the_model_calls_it():
+    """3-D, non-contiguous hidden states h[:, :-1] and labels[:, 1:]; an upstream gradient."""
+    ce = kernel("cross_entropy")
+    h, w, labels = ce_case(2 * 9, 24, 120, seed=5)
+    h3 = h.detach().reshape(2, 9, 24).requires_grad_()
+    labels = labels.reshape(2, 9)
+    loss = ce.linear_cross_entropy(h3[:, :-1], w, labels[:, 1:])
+    dh, dw = torch.autograd.grad(3 * loss, (h3, w))
+    exact, bound = cross_entropy_exact(h3[:, :-1], w, labels[:, 1:])
+    assert dh[:, -1].abs().max() == 0  # the last position predicts nothing
+    scaled = {k: 3 * exact[k] for k in ("dh", "dw")}
+    assert within({"dh": dh[:, :-1], "dw": dw}, scaled, {k: 3 * bound[k] for k in scaled})
+    assert within({"loss": loss}, exact, bound)
+
+
+def test_linear_cross_entropy_dw_in_weight_dtype():
+    """Accumulating dW in fp16 rounds once per chunk: the bound counts 4 roundings."""
+    ce = kernel("cross_entropy")
+    h, w, labels = ce_case(32, 32, 200, seed=6, dtype=torch.float16)
+    loss = ce.LinearCrossEntropyFunction.apply(h, w, labels, -100, 8, torch.float16)
+    dh, dw = torch.autograd.grad(loss, (h, w))
+    exact, bound = cross_entropy_exact(h, w, labels, dw_roundings=4)
+    assert within({"loss": loss, "dh": dh, "dw": dw}, exact, bound)
+
+
+# The bounds are tight enough to catch real bugs ------------------------------------------------
+
+
+def test_bounds_are_not_vacuous():
+    g = torch.Generator().manual_seed(7)
+    x, dy = torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g)
+    w = 1 + torch.rand(64, generator=g)
+    exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
+    rstd = (x.double().pow(2).mean(-1, keepdim=True) + 1e-6).rsqrt()
+    no_mean_term = rstd * dy.double() * w.double()  # forgot d rstd / dx
+    assert not within({"dx": no_mean_term}, {"dx": exact["dx"]}, {"dx": bound["dx"]})
+
+    gate, up, dh = (torch.randn(64, generator=g) for _ in range(3))
+    exact, bound = swiglu_exact(gate, up, dh)
+    s = torch.sigmoid(gate.double())
+    sigmoid_only = dh.double() * up.double() * s  # forgot the g s (1 - s) term of silu'
+    assert not within({"dg": sigmoid_only}, {"dg": exact["dg"]}, {"dg": bound["dg"]})
+
+    q, dq = torch.randn(1, 1, 4, 16, generator=g), torch.randn(1, 1, 4, 16, generator=g)
+    angles = torch.rand(4, 16, generator=g) * 3
+    exact, bound = rope_exact(q, q, angles.cos(), angles.sin(), dq, dq)
+    plus_theta = rope_exact(dq, dq, angles.cos(), angles.sin(), dq, dq)[0]["q"]  # wrong sign
+    assert not within({"dq": plus_theta}, {"dq": exact["dq"]}, {"dq": bound["dq"]})
+
+    h, w, labels = ce_case(16, 16, 60, seed=8, ignore=(0, 1, 2, 3))
+    exact, bound = cross_entropy_exact(h, w, labels)
+    over_all_rows = exact["dw"] * 12 / 16  # divided by N instead of the 12 counted tokens
+    assert not within({"dw": over_all_rows}, {"dw": exact["dw"]}, {"dw": bound["dw"]})
+    logits = h.detach().double() @ w.detach().double().T
+    probs = torch.softmax(logits, -1)
+    probs[torch.arange(16), labels.clamp(min=0)] -= 1
+    probs[:4] = 0  # the ignored rows
+    lost_chunk = (probs[:12] / 12).T @ h.detach().double()[:12]  # last chunk of 4 rows missing
+    assert not within({"dw": lost_chunk}, {"dw": exact["dw"]}, {"dw": bound["dw"]})
+
+
+# Qwen3 with the kernels swapped in ---------------------------------------------------------------
+
+
+def test_qwen3_swap_points_and_fused_forward():
+    q = kernel("qwen3")
+    from snippets.qwen3_fusion.model import TINY
+
+    eager, ours = q.tiny_models(seed=3)
+    ids = torch.randint(0, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(4))
+    ids = ids.to(DEVICE)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    ref_loss, ref_grads = q.loss_and_grads(eager, ids, labels)
+    assert type(ours.model.norm).__name__ == "TritonRMSNorm"
+    for forward in (None, q.fused_loss):
+        loss, grads = q.loss_and_grads(ours, ids, labels, forward)
+        assert q.rel(loss, ref_loss) <= q.TOLERANCE
+        assert grads.keys() == ref_grads.keys()
+        for name, g in ref_grads.items():
+            assert q.rel(grads[name], g) <= q.TOLERANCE, name
+
+
+# The benchmark code, at tiny shapes with a stand-in timer ---------------------------------------
+
+
+def test_byte_model_matches_the_fusion_ranking():
+    """The same bytes as the qwen3-fusion post's fusion candidates (forward + backward)."""
+    m = kernel("measure")
+    s = m.Shapes()
+    t, h, i = s.tokens, s.hidden, s.intermediate
+    assert sum(m.byte_model("RMSNorm", s, 2)) == 2 * 5 * t * h
+    assert sum(m.byte_model("残差加 + RMSNorm", s, 2)) == 2 * 8 * t * h
+    assert sum(m.byte_model("SwiGLU", s, 2)) == 2 * 8 * t * i
+    assert m.loss_flops(s) == 6 * 8192 * 4096 * 151_936
+
+
+def test_measurement_code_runs_at_tiny_shapes():
+    m = kernel("measure")
+    s = m.Shapes(batch=1, seq=4, hidden=32, intermediate=48, q_heads=2, kv_heads=1, head_dim=8,
+                 vocab=40)  # fmt: skip
+    calls = []
+
+    def timer(fn):
+        fn()
+        calls.append(fn)
+        return {"median": 1.0}
+
+    impls = m.implementations(("ours", "eager"), s.hidden, s.eps)
+    rows = m.measure_ops(s, DEVICE, torch.float32, timer, 1e9, impls)
+    assert [(r["op"], r["impl"]) for r in rows] == [(op, n) for op in m.OPS for n in impls]
+    assert len(calls) == 3 * len(rows)  # forward, backward, forward + backward
+    rms = next(r for r in rows if r["op"] == "RMSNorm")
+    assert rms["fwd_of_copy"] == 2 * 4 * 32 * 4 / 1e-3 / 1e9
+    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, timer, 1e9, (1, 3))
+    assert [(r["rows_per_program"], r["programs"]) for r in tuned] == [(1, 4), (3, 2)]
+    sweep = m.sweep_rmsnorm((16, 24), 4, DEVICE, torch.float32, timer, 1e9, impls)
+    assert [r["hidden"] for r in sweep] == [16, 24] and set(sweep[0]) == {"hidden", *impls}
+    variants = [
+        ("ours", "ours", (2, torch.float32)),
+        ("eager", "eager", None),
+        ("x", "absent", None),
+    ]
+    loss = m.measure_loss(s, DEVICE, torch.float32, timer, 1e12, impls, lambda fn: 10**6, variants)
+    assert [r["impl"] for r in loss] == ["ours", "eager"]
+    grads = (4 * 32 + 40 * 32) * 4
+    assert loss[0]["extra_of_logits"] == (10**6 - grads) / (4 * 40 * 4)
+
+
+def test_liger_rows_only_when_installed():
+    m = kernel("measure")
+    found = m.implementations(("Liger Kernel",), 32, 1e-6)
+    liger = m.liger_ops()
+    assert ("Liger Kernel" in found) == isinstance(liger, dict)
+    if not isinstance(liger, dict):
+        assert liger.startswith("未安装")  # the reason, recorded in the result
+
+
+# GPU: bf16, fp16 and fp32 at realistic shapes (nox -s gpu_docs) ---------------------------------
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+@pytest.fixture
+def exact_matmul_accumulation():
+    """The loss bounds assume fp32 accumulation inside cuBLAS: no reduced-precision split-K."""
+    cfg = torch.backends.cuda.matmul
+    saved = cfg.allow_bf16_reduced_precision_reduction, cfg.allow_fp16_reduced_precision_reduction
+    cfg.allow_bf16_reduced_precision_reduction = cfg.allow_fp16_reduced_precision_reduction = False
+    yield
+    cfg.allow_bf16_reduced_precision_reduction, cfg.allow_fp16_reduced_precision_reduction = saved
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("dtype", "rows", "h"),
+    [(dtype, 4096, 4096) for dtype in DTYPES]  # Qwen3-8B's hidden size, every dtype
+    + [(torch.bfloat16, 3, 5120), (torch.bfloat16, 256, 16384)],  # masked; two-pass (> 8192)
+    ids=str,
+)
+def test_rmsnorm_gpu(dtype, rows, h):
+    rn = kernel("rmsnorm")
+    assert rn.check_rmsnorm(rows, h, dtype, per=None)  # default rows per program, block
+    assert rn.check_rmsnorm(rows, h, dtype, residual=True, per=None)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_swiglu_and_rope_gpu(dtype):
+    assert kernel("swiglu").check_swiglu(2048, 12288, dtype)
+    assert kernel("rope").check_rope(2, 32, 8, 512, 128, dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_linear_cross_entropy_gpu(dtype, exact_matmul_accumulation):
+    ce = kernel("cross_entropy")
+    assert ce.check_linear_cross_entropy(1024, 1024, 32_000, dtype, chunk_rows=256)
+
+
+@pytest.mark.gpu
+@gpu
+def test_rmsnorm_casts_like_hugging_face_in_bf16():
+    from snippets.qwen3_fusion.model import RMSNorm
+
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    eager = RMSNorm(4096, 1e-6).to("cuda", torch.bfloat16)
+    with torch.no_grad():
+        eager.weight.uniform_(1, 3)
+    ours = kernel("rmsnorm").rms_norm(x, eager.weight.detach(), 1e-6)
+    assert (ours == eager(x)).float().mean() >= 0.999
