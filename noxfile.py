@@ -54,13 +54,18 @@ def tests(session: nox.Session) -> None:
     npm_assets(session)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    session.run("pytest", *(session.posargs or ["--ignore=tests/e2e"]), env=env)
     session.run("mkdocs", "build", "--strict")
+    # the tests read that build (tests/test_built_site.py, tests/e2e) instead of building again
+    env = {
+        "TRITON_INTERPRET": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HANDBOOK_SITE_DIR": str(ROOT / "site"),
+    }
+    session.run("pytest", *(session.posargs or ["--ignore=tests/e2e"]), env=env)
     if session.posargs:  # a chosen page or test: the browser suite is `nox -s e2e`
         return
     ensure_browser(session)
-    session.run("pytest", "tests/e2e", env={**env, "HANDBOOK_SITE_DIR": str(ROOT / "site")})
+    session.run("pytest", "tests/e2e", env=env)
 
 
 def post_slugs() -> list[str]:
