@@ -177,13 +177,15 @@ def svg_scatter(rows: list[dict], spec: dict) -> str:
     w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 24
     xs = [float(r[spec["x"]]) for r in rows]
     ys = [float(r[spec["y"]]) for r in rows]
-    x_hi, y_hi = max(xs) * 1.1 or 1.0, max(ys) * 1.1 or 1.0
+    x_hi = max(xs) * 1.1 or 1.0
+    spread = (max(ys) - min(ys)) or abs(max(ys)) or 1.0  # y zoomed to the data, not from 0
+    y_lo, y_hi = min(ys) - 0.15 * spread, max(ys) + 0.15 * spread
 
     def px(x):
         return left + x / x_hi * (w - left - right)
 
     def py(y):
-        return h - bottom - y / y_hi * (h - bottom - top)
+        return h - bottom - (y - y_lo) / (y_hi - y_lo) * (h - bottom - top)
 
     front = sorted((x, y) for r, x, y in zip(rows, xs, ys, strict=True) if r.get(spec.get("front")))
     line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in front)
@@ -199,7 +201,8 @@ def svg_scatter(rows: list[dict], spec: dict) -> str:
     ]
     for i in range(5):  # ticks at 0, 1/4, ..., 1 of each axis
         parts.append(_text(px(x_hi * i / 4), h - bottom + 16, f"{x_hi * i / 4:.3g}", size=10))
-        parts.append(_text(left - 22, py(y_hi * i / 4) + 4, f"{y_hi * i / 4:.3g}", size=10))
+        y_tick = y_lo + (y_hi - y_lo) * i / 4
+        parts.append(_text(left - 22, py(y_tick) + 4, f"{y_tick:.3g}", size=10))
     for row, x, y in zip(rows, xs, ys, strict=True):
         fill = "var(--md-primary-fg-color)" if row.get(spec.get("front")) else "none"
         parts += [
