@@ -1,0 +1,335 @@
+"""Unit tests for snippets/precision_alignment/: the metrics, the sources, the three gates, the
+GPU run's code at CPU sizes, and the acceptance test: each planted bug is caught by the gate
+the page says catches it (and, where the page says so, missed by the others).
+
+On the CPU the Triton kernels run in the interpreter in fp32 and fp16 (the interpreter mangles
+bf16); the tests marked `gpu` repeat the planted-bug checks in bf16 on CUDA. Tolerances are the
+gates' own: elementwise bounds from snippets/triton_kernels/numerics.py (op gate), 2 err(eager)
++ u_p against fp64 (model gate), the band of perturbed eager runs (end-to-end gate).
+"""
+
+import importlib.util
+import json
+import re
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from snippets.common import results as res
+from snippets.common.device import DEVICE
+from snippets.precision_alignment import collect, planted, sources
+from snippets.precision_alignment import e2e_gate as e2e
+from snippets.precision_alignment import op_gate as og
+from snippets.precision_alignment.metrics import bound_ratio, cosine, ulp_distance
+from snippets.precision_alignment.model_gate import model_gate, trace
+from snippets.qwen3_fusion.model import TINY, Kernels
+from snippets.triton_kernels.numerics import gamma
+from snippets.triton_kernels.qwen3 import TRITON, fused_loss
+
+ROOT = Path(__file__).resolve().parents[2]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nox -s gpu_docs)")
+
+
+# Metrics ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_ulp_distance_counts_representable_steps(dtype):
+    x = torch.tensor([1.0, -3.5, 1e-3, 0.0], dtype=dtype)
+    up = torch.nextafter(x, torch.full_like(x, float("inf")))
+    assert ulp_distance(up, x).tolist() == [1, 1, 1, 1]
+    two_up = torch.nextafter(up, torch.full_like(x, float("inf")))
+    assert ulp_distance(two_up, x).tolist() == [2, 2, 2, 2]
+    zeros = torch.tensor([0.0, -0.0], dtype=dtype)
+    assert ulp_distance(zeros[:1], zeros[1:]).item() == 0  # +0 and -0 are the same value
+    tiny = torch.tensor([torch.finfo(dtype).smallest_normal], dtype=dtype)
+    assert ulp_distance(tiny, -tiny).item() == 2 * ulp_distance(tiny, zeros[:1]).item()
+
+
+def test_cosine_is_blind_to_scale_and_bound_ratio_is_not():
+    x = torch.randn(100, generator=torch.Generator().manual_seed(0))
+    assert cosine(3 * x, x) == pytest.approx(1.0, abs=1e-12)
+    assert bound_ratio(3 * x, x, 1e-3 * x.abs().double() + 1e-12) > 1000
+
+
+# Sources ---------------------------------------------------------------------------------------
+
+
+def test_hashed_inputs_are_exact_in_fp32_and_fixed():
+    x = sources.hashed_uniform(1000, seed=5)
+    assert torch.equal(x.float().double(), x)
+    assert x.min() >= -1 and x.max() < 1 and x.abs().mean() > 0.4  # spread over [-1, 1)
+    assert torch.equal(x, sources.hashed_uniform(1000, seed=5))
+    assert not torch.equal(x, sources.hashed_uniform(1000, seed=6))
+
+
+def test_summation_orders_stay_in_their_bounds():
+    x = sources.hashed_uniform(1024, seed=9).float()
+    exact, mag = x.double().sum(), x.double().abs().sum()
+    assert torch.equal(sources.split_sum(x, 1), sources.sequential_sum(x))
+    for s, steps in ((sources.sequential_sum(x), 1023), (sources.pairwise_sum(x), 10),
+                     (sources.split_sum(x, 32), 31 + 31)):  # fmt: skip
+        assert (s.double() - exact).abs() <= gamma(steps) * mag
+    orders = [sources.hashed_uniform(32, seed=k).argsort().tolist() for k in range(8)]
+    assert len({sources.split_sum(x, 32, o).item() for o in orders}) > 1
+
+
+def test_accumulate_stagnates_where_the_format_runs_out_of_bits():
+    assert sources.accumulate(torch.ones(600), torch.bfloat16).item() == 256
+    assert sources.accumulate(torch.ones(3000), torch.float16).item() == 2048
+    assert sources.accumulate(torch.ones(3000), torch.float32).item() == 3000
+
+
+def test_tf32_emulation_keeps_ten_mantissa_bits():
+    x = sources.hashed_uniform(500, seed=1).float() * 1000
+    t = sources.tf32_inputs(x)
+    assert ((t.view(torch.int32) & 0x1FFF) == 0).all()
+    assert ((x - t).abs() <= 2.0**-10 * x.abs()).all() and (t.abs() <= x.abs()).all()
+
+
+def test_tf32_setting_is_restored():
+    before = torch.backends.cuda.matmul.fp32_precision
+    with sources.fp32_matmul("tf32"):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    assert torch.get_float32_matmul_precision() == "highest"  # the legacy API still answers
+
+
+def test_index_add_on_the_cpu_is_deterministic_either_way():
+    assert sources.index_add_distinct("cpu", False, runs=3, n=4096) == 1
+    assert sources.index_add_distinct("cpu", True, runs=3, n=4096) == 1
+    assert not torch.are_deterministic_algorithms_enabled()  # restored
+
+
+# Op gate ---------------------------------------------------------------------------------------
+
+
+def test_parity_threshold_is_derived_and_absent_in_fp32():
+    assert og.parity_allowed(4096, torch.float32) is None
+    assert og.parity_allowed(256, torch.float16) == pytest.approx(2 * gamma(264) * 2**11)
+    assert og.parity_allowed(256, torch.bfloat16) < 0.01
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_our_kernels_pass_the_op_gate_at_other_shapes(dtype):
+    cases = [
+        og.rmsnorm_case(37, 300, dtype, seed=3),  # a tail of rows, H not a power of two
+        og.rmsnorm_case(1, 64, dtype, seed=4, residual=True),
+        og.swiglu_case(3, 1030, dtype, seed=5),  # two column blocks
+        og.rope_case(1, 3, 1, 7, 12, dtype, seed=6),  # MQA, half-dim 6
+        og.cross_entropy_case(13, 32, 130, dtype, seed=7),
+    ]
+    for case in cases:
+        report = og.op_gate(case, og.OURS[case.name])
+        assert report.passed, (case.name, report)
+        if dtype == torch.float16 and "RMSNorm" in case.name:
+            assert report.parity and all(m <= a for m, _, a in report.parity.values())
+
+
+# The planted bugs: each caught by the gate the page names ---------------------------------------
+
+
+def test_bug1_low_precision_dw_is_caught_by_the_op_gate_at_production_rows_per_program():
+    """Page §3.1 and the table in §3.4: missed at 4 rows per program, caught at 128; the
+    accuracy check catches it (dW), not the parity check (the forward is untouched)."""
+    case = og.rmsnorm_case(128, 64, torch.float16)
+    small = og.op_gate(case, planted.rms_norm_lowp_dw(4))
+    large = og.op_gate(case, planted.rms_norm_lowp_dw(128))
+    assert small.passed
+    assert not large.passed and large.ratios["dw"] > 2
+    assert large.ratios["y"] <= 1 and large.ratios["dx"] <= 1
+    assert all(m <= a for m, _, a in large.parity.values())
+    ours = og.op_gate(case, og.OURS["RMSNorm"])  # the original kernel, same launch shape
+    assert ours.passed
+
+
+def test_bug2_cast_after_the_weight_is_caught_only_by_parity():
+    """Page §2.3 and §3.1: as accurate as the original against fp64, but it rounds
+    differently from Hugging Face's RMSNorm on far more elements than two correct
+    implementations can."""
+    case = og.rmsnorm_case(32, 256, torch.float16)
+    report = og.op_gate(case, planted.rms_norm_weight_first)
+    assert all(r <= 1 for r in report.ratios.values())
+    mismatch, _, allowed = report.parity["y"]
+    assert mismatch > 3 * allowed and not report.passed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_bug3_miswired_fused_forward_is_located_by_the_model_gate(dtype):
+    ids = e2e.sequences(1, 7, TINY.vocab_size, seed=2).to(DEVICE)
+    eager = e2e.initial_model(TINY, None, dtype, DEVICE)
+    fused = e2e.initial_model(TINY, TRITON, dtype, DEVICE)
+    report = model_gate(eager, fused, ids, ids, planted.fused_loss_miswired)
+    assert report.first_failure("activation") == "1.mlp_in"
+    sites = {s.name: s for s in report.sites if s.kind == "activation"}
+    assert all(sites[k].ok for k in ("0.attn_in", "0.attn_out", "0.mlp_in", "0.mlp_out",
+                                     "1.attn_in", "1.attn_out"))  # fmt: skip
+    unused = "model.layers.1.post_attention_layernorm.weight"  # the bug never reads it
+    assert not next(s for s in report.sites if s.name == unused).ok
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_bug4_bf16_rope_tables_are_caught_by_the_op_gate(dtype):
+    """The op gate hands the kernel correct fp32 tables; this RoPE builds its own in bf16."""
+    report = og.op_gate(og.rope_case(2, 4, 2, 5, 16, dtype), planted.rope_bf16_tables(1e6))
+    assert not report.passed and all(r > 1 for r in report.ratios.values())
+
+
+def test_bug4_bf16_rope_tables_are_caught_by_the_model_and_end_to_end_gates():
+    ids = e2e.sequences(2, 9, TINY.vocab_size, seed=1).to(DEVICE)
+    eager = e2e.initial_model(TINY, None, torch.float32, DEVICE)
+    bug = Kernels(rope=planted.rope_bf16_tables(TINY.rope_theta))
+    report = model_gate(eager, e2e.initial_model(TINY, bug, torch.float32, DEVICE), ids, ids)
+    assert report.first_failure("activation") == "0.attn_out"
+    assert report.first_failure("gradient") is not None
+    steps = e2e.batches(e2e.sequences(32, 8, TINY.vocab_size), 3, 2)
+    run = e2e.e2e_gate(TINY, bug, steps, 3e-3, torch.float32, DEVICE)
+    assert not run.passed and run.first_exceeded == 0
+
+
+# Model gate ------------------------------------------------------------------------------------
+
+
+def test_trace_sees_the_same_sites_in_the_eager_and_the_fused_forward():
+    ids = e2e.sequences(1, 5, TINY.vocab_size).to(DEVICE)
+    model = e2e.initial_model(TINY, TRITON, torch.float32, DEVICE)
+    eager, fused = trace(model, ids, ids), trace(model, ids, ids, fused_loss)
+    names = [f"{i}.{p}_{d}" for i in range(2) for p in ("attn", "mlp") for d in ("in", "out")]
+    assert list(eager.acts) == list(fused.acts) == names
+    assert set(eager.grads) == set(fused.grads) == set(names)
+    assert len(eager.params) == 25 and all(g is not None for g in fused.params.values())
+    assert torch.allclose(eager.loss, fused.loss, rtol=2 * gamma(TINY.vocab_size))
+
+
+def test_model_gate_passes_our_kernels_in_fp32():
+    ids = e2e.sequences(2, 6, TINY.vocab_size, seed=3).to(DEVICE)
+    eager = e2e.initial_model(TINY, None, torch.float32, DEVICE)
+    fused = e2e.initial_model(TINY, TRITON, torch.float32, DEVICE)
+    report = model_gate(eager, fused, ids, ids, fused_loss)
+    assert report.passed and report.first_failure("gradient") is None
+
+
+# End-to-end gate -------------------------------------------------------------------------------
+
+
+def test_permuting_hidden_dims_keeps_the_function():
+    cfg = replace(TINY, num_hidden_layers=1)
+    ids = e2e.sequences(2, 6, cfg.vocab_size).to(DEVICE)
+    base = e2e.initial_model(cfg, None, torch.float64, DEVICE)
+    perm = e2e.permute_dims(e2e.initial_model(cfg, None, torch.float64, DEVICE), seed=1)
+    assert not torch.equal(base.lm_head.weight, perm.lm_head.weight)
+    assert torch.allclose(base(ids, labels=ids), perm(ids, labels=ids), rtol=1e-12)
+
+
+def test_dither_moves_every_nonzero_weight_by_one_ulp():
+    model = e2e.initial_model(TINY, None, torch.bfloat16, DEVICE)
+    before = [p.detach().clone() for p in model.parameters()]
+    e2e.dither(model, seed=0)
+    for b, p in zip(before, model.parameters(), strict=True):
+        assert (ulp_distance(p.detach(), b) == (b != 0).long()).all()
+
+
+def test_band_rule():
+    eager = torch.tensor([5.0, 4.0, 3.0], dtype=torch.float64)
+    others = eager + torch.tensor([[1e-3, 0.0, 0.0], [0.0, -2e-3, 0.0]], dtype=torch.float64)
+    eps = torch.finfo(torch.float32).eps
+    expected = 2 * torch.tensor([1e-3, 2e-3, 2e-3], dtype=torch.float64) + 2 * eps * eager
+    assert torch.allclose(e2e.band(eager, others), expected)
+
+
+def test_eager_as_its_own_candidate_passes_with_zero_deviation():
+    steps = e2e.batches(e2e.sequences(8, 6, TINY.vocab_size), 3, 2)
+    run = e2e.e2e_gate(TINY, Kernels(), steps, 3e-3, torch.float32, DEVICE)
+    assert run.passed and float(run.ratio.max()) == 0.0
+    assert run.others.shape == (8, 3) and (run.band > 0).all()
+
+
+def test_the_task_is_learnable():
+    cfg = replace(TINY, vocab_size=32)
+    steps = e2e.batches(e2e.sequences(64, 12, cfg.vocab_size), 60, 8)
+    losses = e2e.train(e2e.initial_model(cfg, None, torch.float32, DEVICE), steps, 1e-2)
+    assert losses[-5:].mean() < 0.6 * losses[:5].mean()
+
+
+# The GPU run's code, at CPU sizes ---------------------------------------------------------------
+
+FAKE_PROVENANCE = {
+    "gpu": "NVIDIA H200", "driver": "0", "cuda": "13.0", "torch": "2.11.0",
+    "triton": "3.6.0", "date": "2026-01-01", "commit": "0" * 12,
+}  # fmt: skip
+
+
+def test_gpu_run_code_writes_renderable_results(tmp_path):
+    plan = collect.CPU_SMOKE
+    measured = collect.source_rows(plan, "cpu")
+    ops = collect.op_rows(plan, torch.float32, "cpu")
+    model, sites, ablation = collect.model_rows(plan, torch.float32, "cpu")
+    curves = collect.e2e_curves(plan, torch.float32, "cpu")
+    assert measured[3]["value"] == 1 and all(r["passed"] for r in ops)
+    assert model.passed and set(ablation) == {"norm", "rope", "mlp_act", "loss"}
+    assert curves["fused"].passed and not curves["bug"].passed and curves["repeat_identical"]
+    for rel in [*collect.SOURCES, *res.HARNESS]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    records = collect.records(plan, measured, ops, model, sites, ablation, curves)
+    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
+    hook = importlib.util.module_from_spec(spec)
+    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
+    spec.loader.exec_module(hook)
+    uri = "posts/precision-alignment.md"
+    page = SimpleNamespace(url="posts/precision-alignment/", file=SimpleNamespace(src_uri=uri))
+    for name, record in records.items():
+        path = res.write_result(collect.SLUG, name, sources=collect.SOURCES,
+                                prov=FAKE_PROVENANCE, root=tmp_path, **record)  # fmt: skip
+        loaded = res.load_result(path)
+        json.dumps(loaded["values"])
+        assert "|" in hook.table(loaded, page)
+        if loaded.get("plot"):
+            for svg in re.findall(r"<svg.*?</svg>", hook.plot(loaded, page)):
+                ET.fromstring(svg)
+    assert set(records) == {"precision-sources", "precision-op-gate", "precision-model-gate",
+                            "precision-e2e"}  # fmt: skip
+
+
+def test_the_gpu_plan_uses_qwen3_8b_widths():
+    shapes = {builder.__name__: args for builder, args, *_ in collect.H200.op_cases}
+    assert shapes["rmsnorm_case"] == (4096, 4096) and shapes["swiglu_case"][1] == 12_288
+    assert shapes["rope_case"][1:3] == (32, 8) and shapes["rope_case"][-1] == 128
+    for cfg in (collect.H200.model, collect.H200.e2e):
+        assert cfg.num_attention_heads % cfg.num_key_value_heads == 0
+        assert cfg.rope_theta == 1e6 and cfg.rms_norm_eps == 1e-6
+
+
+# GPU: the planted bugs in bf16 (nox -s gpu_docs) ------------------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+def test_planted_op_bugs_are_caught_in_bf16():
+    dtype = torch.bfloat16
+    case = og.rmsnorm_case(1024, 512, dtype)
+    assert og.op_gate(case, og.OURS["RMSNorm"]).passed
+    assert og.op_gate(case, planted.rms_norm_lowp_dw(4)).passed
+    assert not og.op_gate(case, planted.rms_norm_lowp_dw(512)).passed
+    cast_bug = og.op_gate(og.rmsnorm_case(64, 256, dtype), planted.rms_norm_weight_first)
+    assert all(r <= 1 for r in cast_bug.ratios.values()) and not cast_bug.passed
+
+
+@pytest.mark.gpu
+@gpu
+def test_planted_model_bugs_are_caught_in_bf16():
+    cfg = collect.H200.model
+    ids = e2e.sequences(1, 256, cfg.vocab_size, seed=1).to(DEVICE)
+    eager = e2e.initial_model(cfg, None, torch.bfloat16, DEVICE)
+    fused = e2e.initial_model(cfg, TRITON, torch.bfloat16, DEVICE)
+    assert model_gate(eager, fused, ids, ids, fused_loss).passed
+    miswired = model_gate(eager, fused, ids, ids, planted.fused_loss_miswired)
+    assert miswired.first_failure("activation") == "1.mlp_in"
+    bug = e2e.initial_model(cfg, Kernels(rope=planted.rope_bf16_tables(cfg.rope_theta)),
+                            torch.bfloat16, DEVICE)  # fmt: skip
+    assert model_gate(eager, bug, ids, ids).first_failure("activation") == "0.attn_out"
