@@ -17,6 +17,7 @@ if "TRITON_INTERPRET" not in os.environ:  # CPU machines run Triton kernels in t
 
 def pytest_configure(config):
     pages.UPDATE = bool(config.getoption("update_examples", False))
+    pages.install_finder(ROOT)
 
 
 pytest_collect_file = Sybil(

@@ -1,17 +1,20 @@
 """Executed pages: find the fences of a Markdown page and run its Python ones with Sybil.
 
 Rules (DESIGN.md): every python fence runs, in page order, in one namespace per page; an
-include fence (``--8<-- "snippets/x/y.py:section"``) runs the included file whole, once per
-page; a fence is skipped only when the line above it says why (``<!-- skip: reason -->``, or
-``<!-- gpu: reason -->`` for code that needs CUDA); ``#>`` output comments are checked with
-pytest-examples and rewritten by ``pytest --update-examples``.
+include fence (``--8<-- "snippets/x/y.py:section"``) imports the included file, which runs
+whole once per test run (SnippetFinder: a unit test importing it first does not cause a second
+run) and whose recorded prints the page checks; a fence is skipped only when the line above
+it says why (``<!-- skip: reason -->``, or ``<!-- gpu: reason -->`` for code that needs CUDA);
+``#>`` output comments are checked with pytest-examples and rewritten by
+``pytest --update-examples``.
 """
 
 from __future__ import annotations
 
 import difflib
 import importlib
-import importlib.util
+import importlib.abc
+import importlib.machinery
 import re
 import sys
 from dataclasses import dataclass
@@ -162,15 +165,12 @@ def first_difference(old: str, new: str) -> int:
     )
 
 
-def _checked_run(code: CodeExample, run, where: str) -> str | None:
-    """Run with print capture; compare the ``#>`` comments of ``code`` with what was printed.
+def _check_prints(printer: InsertPrintStatements, code: CodeExample, where: str) -> str | None:
+    """Compare the ``#>`` comments of ``code`` with what ``printer`` recorded.
 
     Returns the source with fresh ``#>`` comments in update mode, None when nothing changed.
     """
     __tracebackhide__ = True
-    printer = InsertPrintStatements(code.path, EXAMPLES_CONFIG, True, None, None)
-    with printer:
-        run()
     new = printer.updated_print_statements(code)
     if new is None or UPDATE:
         return new
@@ -187,26 +187,52 @@ def _checked_run(code: CodeExample, run, where: str) -> str | None:
     )
 
 
+def _printer(path: Path) -> InsertPrintStatements:
+    return InsertPrintStatements(path, EXAMPLES_CONFIG, True, None, None)
+
+
+class _RecordingLoader(importlib.machinery.SourceFileLoader):
+    """Executes a snippet module with its prints recorded (and kept on the module)."""
+
+    def exec_module(self, module):
+        printer = _printer(Path(self.path))
+        with printer:
+            super().exec_module(module)
+        module.__printer__ = printer
+
+
+class SnippetFinder(importlib.abc.MetaPathFinder):
+    """Every module under <root>/snippets runs once per test run, with its prints recorded,
+    whoever imports it first (a page or a unit test); its page then checks those prints."""
+
+    def __init__(self, root: Path):
+        self.snippets = (root / "snippets").resolve()
+
+    def find_spec(self, name, path, target=None):
+        if not name.startswith("snippets."):
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.origin is None or spec.submodule_search_locations is not None:
+            return spec  # packages (their __init__) load as usual
+        if Path(spec.origin).resolve().is_relative_to(self.snippets):
+            spec.loader = _RecordingLoader(name, spec.origin)
+        return spec
+
+
+def install_finder(root: Path) -> None:
+    if not any(isinstance(f, SnippetFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, SnippetFinder(root))
+
+
 def run_include(root: Path, target: Path, namespace: dict, where: str) -> None:
-    """Execute a snippet file as its real module (so tests importing it reuse this run)."""
-    name = module_name(root, target)
-    parent = name.rpartition(".")[0]
-    if parent:
-        importlib.import_module(parent)
-    spec = importlib.util.spec_from_file_location(name, target)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    source = target.read_text(encoding="utf-8")
-    code = CodeExample.create(source, path=target, start_line=1)
-
-    def run():
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-
-    new = _checked_run(code, run, where)
+    """Import the snippet file as its real module (executing it unless this run already did)
+    and check the prints recorded when it executed."""
+    module = importlib.import_module(module_name(root, target))
+    printer = getattr(module, "__printer__", None)
+    if printer is None:
+        raise PageError(f"{where}: {_rel(target)} was imported before its prints could be recorded")
+    code = CodeExample.create(target.read_text(encoding="utf-8"), path=target, start_line=1)
+    new = _check_prints(printer, code, where)
     if new is not None:
         target.write_text(new, encoding="utf-8")
     namespace.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
@@ -217,9 +243,10 @@ def run_inline(fence: Fence, namespace: dict) -> str | None:
     pad = "\n" * fence.line  # body starts on the line after the opening fence
     source = pad + fence.body
     code = CodeExample.create(source, path=fence.path, start_line=1)
-    compiled = compile(source, str(fence.path), "exec")
-
-    new = _checked_run(code, lambda: exec(compiled, namespace), _rel(fence.path))
+    printer = _printer(fence.path)
+    with printer:
+        exec(compile(source, str(fence.path), "exec"), namespace)
+    new = _check_prints(printer, code, _rel(fence.path))
     return new[len(pad) :] if new is not None else None
 
 

@@ -11,7 +11,7 @@ from markdown.extensions.toc import slugify
 from tests.pages import PYTHON, PageError, check_language, resolve_include, scan
 
 # Snippet files that need not be shown: package markers and the shared helpers.
-NOT_SHOWN = ("__init__.py", "snippets/common/")
+SHARED_HELPERS = "snippets/common/"
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _HEADING = re.compile(r"^#{1,6}\s+(?P<title>.+?)(?:\s*\{[^}]*#(?P<id>[\w-]+)[^}]*\})?\s*$")
 _ATTR_ID = re.compile(r"\{[^}]*#(?P<id>[\w-]+)[^}]*\}")
@@ -60,7 +60,7 @@ def orphan_errors(root: Path) -> list[str]:
     errors = []
     for path in sorted((root / "snippets").rglob("*.py")):
         name = rel(root, path)
-        if path.name == NOT_SHOWN[0] or name.startswith(NOT_SHOWN[1]):
+        if path.name == "__init__.py" or name.startswith(SHARED_HELPERS):
             continue
         if path.resolve() not in shown:
             errors.append(f"{name}:1: snippet file is not included by any page under docs/")

@@ -115,3 +115,27 @@ def test_skip_needs_a_reason(site):
     add_page(site, "bare.md", "# B\n\n<!-- skip: -->\n```python\nx = 1\n```\n")
     errors = structure.fence_errors(site)
     assert any("docs/bare.md:3: <!-- skip: --> needs a reason" in e for e in errors), errors
+
+
+def test_a_snippet_runs_once_per_run_and_its_page_checks_the_prints(pytester, site, monkeypatch):
+    """A unit test imports the snippet before its page: it still runs once, and the page still
+    checks what it printed."""
+    (site / "snippets" / "mini" / "counted.py").write_text(
+        "from pathlib import Path\n\n"
+        "with Path(__file__).with_suffix('.runs').open('a') as f:\n"
+        "    f.write('x')\n"
+        "print(6 * 7)\n"
+        "#> 41\n",
+        encoding="utf-8",
+    )
+    add_page(site, "counted.md", '# C\n\n```python\n--8<-- "snippets/mini/counted.py"\n```\n')
+    (site / "test_first.py").write_text(
+        "def test_import():\n    import snippets.mini.counted  # noqa: F401\n", encoding="utf-8"
+    )
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.chdir(site)
+    result = pytester.run(sys.executable, "-m", "pytest", "test_first.py", "docs/counted.md")
+    out = result.stdout.str() + result.stderr.str()
+    assert result.ret == 1, out
+    assert "snippets/mini/counted.py:6: printed output differs" in out, out
+    assert (site / "snippets" / "mini" / "counted.runs").read_text() == "x"
