@@ -136,7 +136,10 @@ def model_rows(plan: Plan, dtype, device):
     for name, kernels in one_at_a_time(TRITON):
         one = gate(kernels)
         ablation[name] = {"passed": one.passed, "worst": max(s.fused / s.bound for s in one.sites)}
-    return report, rows, ablation
+    bug = gate(Kernels(rope=planted.rope_bf16_tables(plan.model.rope_theta)))  # planted bug 4
+    rope_bug = {"passed": bug.passed, "first": bug.first_failure("activation"),
+                "worst": max(s.fused / s.bound for s in bug.sites)}  # fmt: skip
+    return report, rows, ablation, rope_bug
 
 
 def e2e_curves(plan: Plan, dtype, device) -> dict:
@@ -184,7 +187,7 @@ def curve(y, label) -> dict:
             "x_label": "训练步", "y_label": label}  # fmt: skip
 
 
-def records(plan: Plan, measured, ops, model, sites, ablation, curves, every=10) -> dict:
+def records(plan: Plan, measured, ops, model, sites, ablation, rope_bug, curves, every=10) -> dict:
     """name -> keyword arguments of write_result (title, model, values, table, plot)."""
     fused, bug = curves["fused"], curves["bug"]
     e2e_rows = []
@@ -248,6 +251,7 @@ def records(plan: Plan, measured, ops, model, sites, ablation, curves, every=10)
             "first_gradient": model.first_failure("gradient"),
             "worst": max(r["of_bound"] for r in sites),
             "ablation": ablation,
+            "rope_bug": rope_bug,
         },
         "table": {
             "columns": [col("index", "#"), col("site", "检查点"), col("kind", "类别"),

@@ -27,7 +27,7 @@ from snippets.precision_alignment import e2e_gate as e2e
 from snippets.precision_alignment import op_gate as og
 from snippets.precision_alignment.metrics import bound_ratio, cosine, ulp_distance
 from snippets.precision_alignment.model_gate import model_gate, trace
-from snippets.qwen3_fusion.model import TINY, Kernels
+from snippets.qwen3_fusion.model import TINY, Kernels, RMSNorm
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
 
@@ -217,11 +217,20 @@ def test_model_gate_passes_our_kernels_in_fp32():
 # End-to-end gate -------------------------------------------------------------------------------
 
 
+class NormInInputDtype(RMSNorm):
+    """RMSNorm without the fp32 statistics: the model's norm rounds fp64 input to fp32, which
+    would make the permuted sums differ at fp32 level; all-fp64 arithmetic makes rtol 1e-12 hold."""
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
 def test_permuting_hidden_dims_keeps_the_function():
     cfg = replace(TINY, num_hidden_layers=1)
     ids = e2e.sequences(2, 6, cfg.vocab_size).to(DEVICE)
-    base = e2e.initial_model(cfg, None, torch.float64, DEVICE)
-    perm = e2e.permute_dims(e2e.initial_model(cfg, None, torch.float64, DEVICE), seed=1)
+    fp64 = Kernels(norm=NormInInputDtype)
+    base = e2e.initial_model(cfg, fp64, torch.float64, DEVICE)
+    perm = e2e.permute_dims(e2e.initial_model(cfg, fp64, torch.float64, DEVICE), seed=1)
     assert not torch.equal(base.lm_head.weight, perm.lm_head.weight)
     assert torch.allclose(base(ids, labels=ids), perm(ids, labels=ids), rtol=1e-12)
 
@@ -266,17 +275,18 @@ FAKE_PROVENANCE = {
 
 def test_gpu_run_code_writes_renderable_results(tmp_path):
     plan = collect.CPU_SMOKE
-    measured = collect.source_rows(plan, "cpu")
-    ops = collect.op_rows(plan, torch.float32, "cpu")
-    model, sites, ablation = collect.model_rows(plan, torch.float32, "cpu")
-    curves = collect.e2e_curves(plan, torch.float32, "cpu")
+    measured = collect.source_rows(plan, DEVICE)
+    ops = collect.op_rows(plan, torch.float32, DEVICE)
+    model, sites, ablation, rope_bug = collect.model_rows(plan, torch.float32, DEVICE)
+    curves = collect.e2e_curves(plan, torch.float32, DEVICE)
     assert measured[3]["value"] == 1 and all(r["passed"] for r in ops)
     assert model.passed and set(ablation) == {"norm", "rope", "mlp_act", "loss"}
     assert curves["fused"].passed and not curves["bug"].passed and curves["repeat_identical"]
     for rel in [*collect.SOURCES, *res.HARNESS]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
-    records = collect.records(plan, measured, ops, model, sites, ablation, curves)
+    assert set(rope_bug) == {"passed", "first", "worst"}
+    records = collect.records(plan, measured, ops, model, sites, ablation, rope_bug, curves)
     spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
     hook = importlib.util.module_from_spec(spec)
     pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
