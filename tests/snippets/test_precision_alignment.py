@@ -27,9 +27,10 @@ from snippets.precision_alignment import e2e_gate as e2e
 from snippets.precision_alignment import op_gate as og
 from snippets.precision_alignment.metrics import bound_ratio, cosine, ulp_distance
 from snippets.precision_alignment.model_gate import model_gate, trace
-from snippets.qwen3_fusion.model import TINY, Kernels, RMSNorm
+from snippets.qwen3_fusion.model import TINY, Kernels
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
+from tests.snippets.fp64 import FP64
 
 ROOT = Path(__file__).resolve().parents[2]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (nox -s gpu_docs)")
@@ -217,20 +218,11 @@ def test_model_gate_passes_our_kernels_in_fp32():
 # End-to-end gate -------------------------------------------------------------------------------
 
 
-class NormInInputDtype(RMSNorm):
-    """RMSNorm without the fp32 statistics: the model's norm rounds fp64 input to fp32, which
-    would make the permuted sums differ at fp32 level; all-fp64 arithmetic makes rtol 1e-12 hold."""
-
-    def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
 def test_permuting_hidden_dims_keeps_the_function():
     cfg = replace(TINY, num_hidden_layers=1)
     ids = e2e.sequences(2, 6, cfg.vocab_size).to(DEVICE)
-    fp64 = Kernels(norm=NormInInputDtype)
-    base = e2e.initial_model(cfg, fp64, torch.float64, DEVICE)
-    perm = e2e.permute_dims(e2e.initial_model(cfg, fp64, torch.float64, DEVICE), seed=1)
+    base = e2e.initial_model(cfg, FP64, torch.float64, DEVICE)  # fp64 norms too: rtol 1e-12 holds
+    perm = e2e.permute_dims(e2e.initial_model(cfg, FP64, torch.float64, DEVICE), seed=1)
     assert not torch.equal(base.lm_head.weight, perm.lm_head.weight)
     assert torch.allclose(base(ids, labels=ids), perm(ids, labels=ids), rtol=1e-12)
 
