@@ -24,7 +24,8 @@ curves = e2e_curves(H200, DTYPE, DEVICE)  # gate 3, the planted RoPE bug, a repe
 # --8<-- [end:run]
 
 # --8<-- [start:record]
-for name, record in records(H200, measured_sources, ops, model, sites, ablation, rope_bug, curves).items():
+recorded = records(H200, measured_sources, ops, model, sites, ablation, rope_bug, curves)
+for name, record in recorded.items():
     write_result(SLUG, name, sources=SOURCES, **record)
 # written first, so that a failing gate leaves its numbers to look at
 assert measured_sources[0]["value"] <= measured_sources[0]["reference"], "fp32 matmul bound"

@@ -9,7 +9,9 @@ from snippets.triton_kernels.measure import (
     OPS,
     Shapes,
     implementations,
+    kernel_ms,
     liger_ops,
+    loss_flops,
     measure_loss,
     measure_ops,
     peak_bytes_cuda,
@@ -26,6 +28,7 @@ LOSS_VARIANTS = [  # (row label, implementation, (chunk rows, dW accumulator) fo
     ("ours：1024 行/块，dW 累加 fp32", "ours", (1024, torch.float32)),
     ("ours：256 行/块，dW 累加 fp32", "ours", (256, torch.float32)),
     ("ours：1024 行/块，dW 累加 bf16", "ours", (1024, torch.bfloat16)),
+    ("ours：256 行/块，dW 累加 bf16", "ours", (256, torch.bfloat16)),
     ("eager", "eager", None),
     ("torch.compile", "torch.compile", None),
     ("Liger Kernel", "Liger Kernel", None),
@@ -53,11 +56,10 @@ def slow_timer(fn):  # the loss takes tens of ms per call: more calls for a stab
     return time_ms(fn, warmup=100, rep=500)
 
 
-ops = measure_ops(SHAPES, "cuda", DTYPE, timer, ceil["copy_bytes_per_s"], impls)
-sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, timer, ceil["copy_bytes_per_s"],
-                      impls)  # fmt: skip
-rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, timer, ceil["copy_bytes_per_s"],
-                              (4, 8, 16, 32, 64))  # fmt: skip
+copy = ceil["copy_bytes_per_s"]
+ops = measure_ops(SHAPES, "cuda", DTYPE, timer, copy, impls, gpu_time=kernel_ms)
+sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, kernel_ms, copy, impls)
+rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, kernel_ms, copy, (4, 8, 16, 32, 64))
 loss = measure_loss(SHAPES, "cuda", DTYPE, slow_timer, ceil["bf16_matmul_flop_per_s"], impls,
                     peak_bytes_cuda, LOSS_VARIANTS)  # fmt: skip
 # --8<-- [end:run]
@@ -75,6 +77,7 @@ for op in OPS:
         row = by.get((op, other))  # ratio > 1: ours is faster, forward + backward
         ratio = row["fwdbwd_ms"] / ours["fwdbwd_ms"] if row else None
         values[f"{KEYS[op]}_{key}_over_ours"] = ratio
+    values[f"{KEYS[op]}_launch_over_kernels"] = ours["launch_ms"] / ours["fwdbwd_ms"]
 common = {"sources": SOURCES}
 shape = f"{SHAPES.tokens} token，H {SHAPES.hidden}，I {SHAPES.intermediate}，bf16"
 write_result(
@@ -82,7 +85,9 @@ write_result(
     "kernels",
     title=f"四个带宽型 kernel：前向、反向、前向 + 反向（{shape}）",
     model="字节 = 每个输入读一次、每个输出写一次（measure.py 的 byte_model）；"
-    "占比相对同次实测的拷贝带宽",
+    "前向、反向、前向+反向为 kernel 自身的时间（profiler 记录的 kernel 时长之和，20 次平均），"
+    "占比相对同次实测的拷贝带宽；“从 Python 调用”为 do_bench 计的前向+反向，"
+    "GPU 等 CPU 的时间也算在内",
     values=values,
     table={
         "columns": [
@@ -93,6 +98,7 @@ write_result(
             {"key": "fwdbwd_ms", "label": "前向+反向 ms", "format": ".3f"},
             {"key": "fwd_of_copy", "label": "前向占拷贝带宽", "format": ".0%"},
             {"key": "bwd_of_copy", "label": "反向占拷贝带宽", "format": ".0%"},
+            {"key": "launch_ms", "label": "从 Python 调用 ms", "format": ".3f"},
         ],
         "rows": ops,
     },
@@ -103,7 +109,7 @@ write_result(
     "rmsnorm-rows",
     title=f"RMSNorm 反向：每个程序处理的行数（{SHAPES.tokens} × {SHAPES.hidden}，bf16）",
     model="字节 = 3 T H × 2（读 dy、x，写 dx）；"
-    "部分和缓冲区另计（程序数 × H × 4 字节，写一次读一次）",
+    "部分和缓冲区另计（程序数 × H × 4 字节，写一次读一次）；kernel 自身的时间",
     values={"default": ROWS_DEFAULT},
     table={
         "columns": [
@@ -122,7 +128,8 @@ write_result(
     "triton-kernels",
     "rmsnorm-sweep",
     title=f"RMSNorm 前向 + 反向随隐藏维变化（{SHAPES.tokens} 行，bf16）",
-    model="字节 = 5 T H × 2（前向读 x 写 y，反向读 dy、x 写 dx）；占比相对同次实测的拷贝带宽",
+    model="字节 = 5 T H × 2（前向读 x 写 y，反向读 dy、x 写 dx）；kernel 自身的时间，"
+    "占比相对同次实测的拷贝带宽；调用之间不清空 L2，H ≤ 2048 时输入小于 L2",
     values={"hidden_sizes": list(HIDDEN_SWEEP)},
     table={
         "columns": [{"key": "hidden", "label": "H"}]
@@ -136,6 +143,8 @@ write_result(
     **common,
 )
 loss_by = {r["impl"]: r for r in loss}
+chunks = -(-SHAPES.tokens // LOSS_VARIANTS[0][2][0])
+DW_TRAFFIC = chunks * 2 * SHAPES.vocab * SHAPES.hidden * 4  # fp32 dW read + written per chunk
 ours_loss = loss_by[LOSS_VARIANTS[0][0]]
 compiled_loss = loss_by.get("torch.compile")
 write_result(
@@ -147,10 +156,18 @@ write_result(
     values={
         "logits_gib": SHAPES.tokens * SHAPES.vocab * 2 / 2**30,
         "ours_extra_of_logits": ours_loss["extra_of_logits"],
+        "ours_bf16_256_extra_of_logits": loss_by[LOSS_VARIANTS[3][0]]["extra_of_logits"],
+        "ours_bf16_256_fwdbwd_ms": loss_by[LOSS_VARIANTS[3][0]]["fwdbwd_ms"],
         "ours_fwdbwd_ms": ours_loss["fwdbwd_ms"],
         "compile_over_ours": compiled_loss["fwdbwd_ms"] / ours_loss["fwdbwd_ms"]
         if compiled_loss
         else None,
+        "compile_fwdbwd_ms": compiled_loss["fwdbwd_ms"] if compiled_loss else None,
+        # lower bounds of our time: the matmuls at the measured throughput, and the fp32 dW
+        # accumulator read and written once per chunk (cuBLAS addmm) at the copy bandwidth
+        "matmul_floor_ms": loss_flops(SHAPES) / ceil["bf16_matmul_flop_per_s"] * 1e3,
+        "dw_traffic_ms": DW_TRAFFIC / copy * 1e3,
+        "dw_fp32_gib": SHAPES.vocab * SHAPES.hidden * 4 / 2**30,
     },
     table={
         "columns": [

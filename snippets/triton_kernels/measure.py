@@ -172,19 +172,43 @@ def runners(fn, leaves, extra):
     return forward, backward, both
 
 
+def kernel_ms(fn, calls: int = 20) -> float:
+    """GPU time of one call: the durations of the kernels it launched (recorded by CUPTI
+    through torch.profiler), summed and averaged over `calls` calls. Time in which the GPU
+    waits for the CPU (Python, the autograd engine, launch overhead) is not counted."""
+    fn()
+    torch.cuda.synchronize()
+    activity = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[activity]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == cuda)
+    if us <= 0:
+        raise RuntimeError("kernel_ms: the profiler recorded no CUDA kernel")
+    return us / calls / 1e3
+
+
 # --8<-- [end:runners]
 
 
 # --8<-- [start:measure]
-def measure_ops(s: Shapes, device, dtype, timer, copy_bytes_per_s, impls, ops=OPS):
-    """One row per (operator, implementation): times and fractions of the copy bandwidth."""
+def measure_ops(s: Shapes, device, dtype, timer, copy_bytes_per_s, impls, ops=OPS,
+                gpu_time=None):  # fmt: skip
+    """One row per (operator, implementation): times and fractions of the copy bandwidth.
+
+    With `gpu_time` (kernel_ms on the GPU) the three times are the kernels' own time;
+    `launch_ms` is forward + backward timed as called from Python, as in eager training,
+    with the CPU's overhead included when the GPU has to wait for it."""
     elem = torch.finfo(dtype).bits // 8
     rows = []
     for op in ops:
         fwd_bytes, bwd_bytes = byte_model(op, s, elem)
         for name, fns in impls.items():
             leaves, extra = op_inputs(op, s, device, dtype)
-            fwd, bwd, both = (timer(f)["median"] for f in runners(fns[op], leaves, extra))
+            calls = runners(fns[op], leaves, extra)
+            fwd, bwd, both = (gpu_time(f) if gpu_time else timer(f)["median"] for f in calls)
             rows.append(
                 {
                     "op": op,
@@ -192,16 +216,17 @@ def measure_ops(s: Shapes, device, dtype, timer, copy_bytes_per_s, impls, ops=OP
                     "fwd_ms": fwd,
                     "bwd_ms": bwd,
                     "fwdbwd_ms": both,
+                    "launch_ms": timer(calls[2])["median"],
                     "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
                     "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s,
                     "fwdbwd_of_copy": rate(fwd_bytes + bwd_bytes, both) / copy_bytes_per_s,
                 }
             )
-            del leaves, extra
+            del leaves, extra, calls
     return rows
 
 
-def sweep_rmsnorm(hiddens, tokens, device, dtype, timer, copy_bytes_per_s, impls):
+def sweep_rmsnorm(hiddens, tokens, device, dtype, gpu_time, copy_bytes_per_s, impls):
     """RMSNorm forward + backward over hidden sizes: fraction of the copy bandwidth per impl."""
     elem = torch.finfo(dtype).bits // 8
     rows = []
@@ -210,7 +235,7 @@ def sweep_rmsnorm(hiddens, tokens, device, dtype, timer, copy_bytes_per_s, impls
         row = {"hidden": h}
         for name, fns in impls.items():
             leaves, extra = op_inputs("RMSNorm", s, device, dtype)
-            ms = timer(runners(fns["RMSNorm"], leaves, extra)[2])["median"]
+            ms = gpu_time(runners(fns["RMSNorm"], leaves, extra)[2])
             row[name] = rate(5 * tokens * h * elem, ms) / copy_bytes_per_s
         rows.append(row)
     return rows
@@ -223,7 +248,7 @@ def loss_variant(chunk_rows, dw_dtype):
     return loss
 
 
-def sweep_rows_per_program(s: Shapes, device, dtype, timer, copy_bytes_per_s, choices):
+def sweep_rows_per_program(s: Shapes, device, dtype, gpu_time, copy_bytes_per_s, choices):
     """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
     flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
     elem = torch.finfo(dtype).bits // 8
@@ -235,7 +260,7 @@ def sweep_rows_per_program(s: Shapes, device, dtype, timer, copy_bytes_per_s, ch
         def norm(x, w, eps, per=per):
             return RMSNormFunction.apply(x, w, eps, None, per)
 
-        ms = timer(runners(norm, leaves, extra)[1])["median"]
+        ms = gpu_time(runners(norm, leaves, extra)[1])
         programs = -(-t // per)
         rows.append({"rows_per_program": per, "programs": programs, "bwd_ms": ms,
                      "bwd_of_copy": rate(3 * t * h * elem, ms) / copy_bytes_per_s,

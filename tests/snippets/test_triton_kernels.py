@@ -326,12 +326,13 @@ def test_measurement_code_runs_at_tiny_shapes():
     impls = m.implementations(("ours", "eager"), s.hidden, s.eps)
     rows = m.measure_ops(s, DEVICE, torch.float32, timer, 1e9, impls)
     assert [(r["op"], r["impl"]) for r in rows] == [(op, n) for op in m.OPS for n in impls]
-    assert len(calls) == 3 * len(rows)  # forward, backward, forward + backward
+    assert len(calls) == 4 * len(rows)  # forward, backward, forward + backward; then launched
     rms = next(r for r in rows if r["op"] == "RMSNorm")
     assert rms["fwd_of_copy"] == 2 * 4 * 32 * 4 / 1e-3 / 1e9
-    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, timer, 1e9, (1, 3))
+    gpu_time = lambda fn: timer(fn)["median"]  # noqa: E731
+    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, gpu_time, 1e9, (1, 3))
     assert [(r["rows_per_program"], r["programs"]) for r in tuned] == [(1, 4), (3, 2)]
-    sweep = m.sweep_rmsnorm((16, 24), 4, DEVICE, torch.float32, timer, 1e9, impls)
+    sweep = m.sweep_rmsnorm((16, 24), 4, DEVICE, torch.float32, gpu_time, 1e9, impls)
     assert [r["hidden"] for r in sweep] == [16, 24] and set(sweep[0]) == {"hidden", *impls}
     variants = [
         ("ours", "ours", (2, torch.float32)),

@@ -1,0 +1,1 @@
+"""CUDA Graphs for Qwen3 decode and training, and the traps."""

@@ -1,0 +1,99 @@
+"""Capturing decode and training steps as CUDA graphs."""
+
+import torch
+
+from snippets.cuda_graph.decode import StaticCache, decode_step
+
+
+# --8<-- [start:capture]
+def capture(fn, warmup: int = 3, pool=None):
+    """Run fn a few times on a side stream (lazy initialisation, cuBLAS workspaces, the
+    allocator's first blocks), then record it. Returns the graph and fn's output, whose
+    memory belongs to the graph: every replay writes the new result into it."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = fn()
+    return graph, out
+
+
+# --8<-- [end:capture]
+
+
+# --8<-- [start:buckets]
+def bucket_for(n: int, buckets) -> int:
+    """The smallest captured batch size that holds n sequences."""
+    for b in sorted(buckets):
+        if b >= n:
+            return b
+    raise ValueError(f"batch {n} is larger than the largest captured bucket {max(buckets)}")
+
+
+class GraphedDecoder:
+    """One graph per batch bucket over one static cache; all graphs share one memory pool.
+    A batch of n sequences is padded to its bucket: rows n.. compute garbage that is dropped."""
+
+    def __init__(self, model, cache: StaticCache, buckets, shared_pool: bool = True):
+        self.buckets = sorted(buckets)
+        big = self.buckets[-1]
+        device = cache.k.device
+        self.tokens = torch.zeros(big, dtype=torch.long, device=device)  # static inputs
+        self.pos = torch.zeros(big, dtype=torch.long, device=device)
+        pool = torch.cuda.graph_pool_handle() if shared_pool else None
+        self.graphs, self.logits = {}, {}
+        for b in reversed(self.buckets):  # largest first: the smaller ones fit in its pool
+            view = cache.rows(b)
+
+            def step(b=b, view=view):
+                return decode_step(model, view, self.tokens[:b], self.pos[:b])
+
+            self.graphs[b], self.logits[b] = capture(step, pool=pool)
+
+    def __call__(self, tokens, pos):
+        n = tokens.shape[0]
+        b = bucket_for(n, self.buckets)
+        self.tokens[:n].copy_(tokens)  # copy into the captured tensors: never rebind them
+        self.pos[:n].copy_(pos)
+        self.tokens[n:b].zero_()  # padding: a valid token at position 0
+        self.pos[n:b].zero_()
+        self.graphs[b].replay()
+        return self.logits[b][:n]  # a view into the graph's output: read it before the next call
+
+
+# --8<-- [end:buckets]
+
+
+# --8<-- [start:train]
+def captured_train_step(model, optimizer, ids):
+    """The whole step (forward, backward, optimizer) as one graph over the static batch `ids`.
+    The optimizer must be capturable (its step count on the GPU). Returns (graph, loss)."""
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(ids, labels=ids)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    optimizer.zero_grad(set_to_none=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up: these are real steps, they train the model
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients in its own pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss = model(ids, labels=ids)
+        loss.backward()
+        optimizer.step()
+    return graph, loss
+
+
+# --8<-- [end:train]

@@ -1,0 +1,229 @@
+"""cuda-graph: the static-cache decode equals the full forward (CPU, fp64); on the GPU the
+graphs replay token for token, and every trap shows its failure and its fix."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from snippets.common.device import DEVICE, ON_GPU
+from snippets.cuda_graph import traps
+from snippets.cuda_graph.decode import StaticCache, decode_step, generate
+from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
+from snippets.qwen3_fusion.model import TINY, Qwen3ForCausalLM
+from tests.snippets.fp64 import FP64
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+
+# Both paths compute the same function in fp64 and differ only in summation order (the decode
+# attends over all max_len slots with masked zeros, the full forward over the prefix). Each
+# reduction is within gamma_n = n u / (1 - n u) of exact, u = 2^-53, n <= 192 here: about 2e-14
+# relative. Through 2 layers and the LM head this grows by the layers' condition numbers;
+# 1e-10 leaves four orders of magnitude, while a wrong slot or position gives O(1) errors.
+RTOL = 1e-10
+
+
+def fp64_model(cfg=TINY, seed=0):
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg, FP64).to(DEVICE, torch.float64)
+
+
+def stepwise_logits(model, ids, max_len=16, shift=0):
+    cache = StaticCache.empty(model.config, ids.shape[0], max_len, torch.float64, DEVICE)
+    pos = torch.zeros(ids.shape[0], dtype=torch.long, device=DEVICE)
+    return torch.stack([decode_step(model, cache, ids[:, t], pos + t + shift)
+                        for t in range(ids.shape[1])], 1)  # fmt: skip
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def test_static_cache_decode_equals_the_full_forward():
+    model = fp64_model()
+    ids = torch.randint(0, TINY.vocab_size, (3, 7), device=DEVICE)
+    full = model(ids)
+    assert rel(stepwise_logits(model, ids), full) <= RTOL
+
+
+def test_a_wrong_position_is_caught():
+    model = fp64_model()
+    ids = torch.randint(0, TINY.vocab_size, (3, 7), device=DEVICE)
+    assert rel(stepwise_logits(model, ids, shift=1), model(ids)) > 1e-3
+
+
+def test_sequences_at_different_positions_in_one_batch():
+    """pos is per sequence: the mask and the cache write follow each row's own position."""
+    model = fp64_model()
+    a = torch.randint(0, TINY.vocab_size, (1, 6), device=DEVICE)
+    b = torch.randint(0, TINY.vocab_size, (1, 3), device=DEVICE)
+    cache = StaticCache.empty(TINY, 2, 8, torch.float64, DEVICE)
+    for t in range(3):  # sequence a's first three tokens alone, in row 0
+        decode_step(model, cache.rows(1), a[:, t], torch.tensor([t], device=DEVICE))
+    for t in range(3):  # then a continues at 3.. while b starts at 0, in one batch
+        tokens = torch.cat([a[:, 3 + t], b[:, t]])
+        out = decode_step(model, cache, tokens, torch.tensor([3 + t, t], device=DEVICE))
+    assert rel(out[0], model(a)[0, -1]) <= RTOL
+    assert rel(out[1], model(b)[0, -1]) <= RTOL
+
+
+def test_greedy_generation_equals_recomputing_the_prefix():
+    model = fp64_model()
+    prompt = torch.randint(0, TINY.vocab_size, (2, 4), device=DEVICE)
+    cache = StaticCache.empty(TINY, 2, 16, torch.float64, DEVICE)
+    out = generate(lambda t, p: decode_step(model, cache, t, p), prompt, 6)
+    ref = prompt
+    for _ in range(6):
+        ref = torch.cat([ref, model(ref)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, ref)
+
+
+def test_cache_rows_are_views():
+    cache = StaticCache.empty(TINY, 8, 16, torch.float32, DEVICE)
+    view = cache.rows(4)
+    assert view.k.data_ptr() == cache.k.data_ptr() and view.k.shape[1] == 4
+
+
+def test_bucket_for():
+    assert [bucket_for(n, (1, 2, 4, 8)) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
+    with pytest.raises(ValueError, match="larger than the largest captured bucket 8"):
+        bucket_for(9, (1, 2, 4, 8))
+
+
+# GPU ---------------------------------------------------------------------------------------
+
+MID_TEST = replace(TINY, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                   vocab_size=4096)  # fmt: skip
+
+
+def gpu_model(dtype, seed=0):
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        return Qwen3ForCausalLM(MID_TEST).to(dtype).eval()
+
+
+@gpu
+def test_graph_replay_is_bitwise_the_eager_step_at_the_same_shapes():
+    model = gpu_model(torch.bfloat16)
+    prompt = torch.randint(0, MID_TEST.vocab_size, (3, 5), device="cuda")
+    cache = StaticCache.empty(MID_TEST, 8, 64, torch.bfloat16, "cuda")
+    graphed = GraphedDecoder(model, cache, (1, 2, 4, 8))
+    logits = []
+
+    def graph_step(t, p):
+        out = graphed(t, p)
+        logits.append(out.clone())
+        return out
+
+    out_graph = generate(graph_step, prompt, 24)
+    twin = StaticCache.empty(MID_TEST, 4, 64, torch.bfloat16, "cuda")  # eager, padded to 4 too
+    eager_logits = []
+
+    def eager_step(t, p):
+        pad = 4 - t.shape[0]
+        t, p = torch.nn.functional.pad(t, (0, pad)), torch.nn.functional.pad(p, (0, pad))
+        out = decode_step(model, twin, t, p)[:3]
+        eager_logits.append(out)
+        return out
+
+    out_eager = generate(eager_step, prompt, 24)
+    assert torch.equal(out_graph, out_eager)
+    assert all(torch.equal(a, b) for a, b in zip(logits, eager_logits, strict=True))
+
+
+@gpu
+def test_graph_decode_is_token_identical_to_unpadded_eager_in_fp32():
+    model = gpu_model(torch.float32)
+    prompt = torch.randint(0, MID_TEST.vocab_size, (3, 5), device="cuda")
+    graphed = GraphedDecoder(model, StaticCache.empty(MID_TEST, 8, 64, torch.float32, "cuda"),
+                             (1, 2, 4, 8))  # fmt: skip
+    cache = StaticCache.empty(MID_TEST, 3, 64, torch.float32, "cuda")
+    out_graph = generate(graphed, prompt, 32)
+    out_eager = generate(lambda t, p: decode_step(model, cache, t, p), prompt, 32)
+    assert torch.equal(out_graph, out_eager)
+
+
+@gpu
+def test_captured_training_step_follows_the_eager_trajectory():
+    """Same kernels, same order: with deterministic attention (the math backend) the losses
+    of replayed steps equal the eager twin's bit for bit."""
+    with sdpa_kernel(SDPBackend.MATH):
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(MID_TEST)
+            twin = Qwen3ForCausalLM(MID_TEST)
+        twin.load_state_dict(model.state_dict())
+        batches = torch.randint(0, MID_TEST.vocab_size, (8, 4, 32), device="cuda")
+
+        def adamw(m):
+            return torch.optim.AdamW(m.parameters(), lr=1e-3, capturable=True, foreach=True)
+
+        opt, twin_opt = adamw(model), adamw(twin)
+        ids = batches[0].clone()
+        graph, loss = captured_train_step(model, opt, ids)  # warm-up: 3 real steps on batch 0
+        twin_losses, graph_losses = [], []
+        for _ in range(3):
+            twin_opt.zero_grad(set_to_none=True)
+            twin(batches[0], labels=batches[0]).backward()
+            twin_opt.step()
+        for batch in batches[1:]:
+            ids.copy_(batch)
+            graph.replay()
+            graph_losses.append(loss.clone())
+            twin_opt.zero_grad(set_to_none=True)
+            twin_loss = twin(batch, labels=batch)
+            twin_loss.backward()
+            twin_opt.step()
+            twin_losses.append(twin_loss.detach())
+        assert torch.equal(torch.stack(graph_losses), torch.stack(twin_losses))
+        assert graph_losses[-1] < graph_losses[0]  # it trains
+
+
+@gpu
+def test_trap_dynamic_shapes():
+    seen = traps.dynamic_shapes()
+    assert seen == {"copy_of_other_shape": "RuntimeError", "stale": 23.0, "padded": 21.0}
+
+
+@gpu
+def test_trap_cpu_values():
+    assert traps.cpu_values() == {"python_float": 2.0, "device_tensor": 3.0}
+
+
+@gpu
+def test_trap_host_sync():
+    seen = traps.host_sync()
+    assert "operation not permitted when stream is capturing" in seen["error"]
+    assert seen["fixed"] == 0.25
+
+
+@gpu
+def test_trap_rng():
+    seen = traps.rng()
+    assert seen["default_fresh"] and seen["registered_fresh"]
+    assert seen["own_generator"] != "fresh", seen
+
+
+@gpu
+def test_trap_output_overwritten():
+    assert traps.output_overwritten() == {"reference": 10.0, "clone": 2.0}
+
+
+@gpu
+def test_trap_rebinding_and_mutation():
+    assert traps.rebinding() == {"rebound": 2.0, "copied": 10.0}
+    assert traps.mutation_in_graph() == {"after_3_replays": 3.0}
+
+
+@gpu
+def test_trap_control_flow():
+    seen = traps.control_flow()
+    assert seen["python_branch"] == pytest.approx(0.1) and seen["device_branch"] == 1.0
+
+
+@gpu
+def test_shared_pool_holds_less_memory():
+    shared, separate = traps.pool_bytes(True), traps.pool_bytes(False)
+    assert shared < separate
