@@ -61,35 +61,40 @@ def reduce_overhead_step(model, cache: StaticCache):
     return step
 
 
-def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256,
-                   compile_batches=()) -> list[dict]:  # fmt: skip
-    """Per-token latency of one decode step at context position `pos`, per batch size:
-    eager and CUDA graph for every size first, then torch.compile for `compile_batches`
-    (its compile workers would otherwise share the CPU with the eager measurements)."""
+def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> list[dict]:
+    """Per-token latency of one decode step at context position `pos`, eager and as a
+    replayed CUDA graph, per batch size."""
     model = build(cfg, dtype)
     cache = StaticCache.empty(cfg, max(batches), max_len, dtype, "cuda")
     graphed = GraphedDecoder(model, cache, batches)
-    rows = {}
+    rows = []
     for b in batches:
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
         eager = wall_ms(lambda: decode_step(model, view, tokens, at))  # noqa: B023
         graph = wall_ms(lambda: graphed(tokens, at))  # noqa: B023
-        rows[b] = {"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
-                   "tokens_per_s": b / graph * 1e3, "compile_ms": None}  # fmt: skip
+        rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
+                     "tokens_per_s": b / graph * 1e3, "compile_ms": None})  # fmt: skip
+    return rows
+
+
+def compile_latency(cfg, rows, batches, dtype, max_len: int = 512, pos: int = 256):
+    """Adds reduce-overhead's latency, first-call time and whether it skipped CUDA graphs to
+    the rows of `batches`. Run after all eager timings: its compile workers use the CPU."""
+    model = build(cfg, dtype)
     counters = torch._dynamo.utils.counters["inductor"]
-    for b in compile_batches:
+    by = {r["batch"]: r for r in rows}
+    for b in batches:
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         step = reduce_overhead_step(model, StaticCache.empty(cfg, b, max_len, dtype, "cuda"))
         skips = counters["cudagraph_skips"]
         t0 = time.perf_counter()
         step(tokens, at)
-        rows[b]["compile_s"] = time.perf_counter() - t0
-        rows[b]["compile_ms"] = wall_ms(lambda: step(tokens, at))  # noqa: B023
-        rows[b]["cudagraph_skipped"] = counters["cudagraph_skips"] > skips
-    return list(rows.values())
+        by[b]["compile_s"] = time.perf_counter() - t0
+        by[b]["compile_ms"] = wall_ms(lambda: step(tokens, at))  # noqa: B023
+        by[b]["cudagraph_skipped"] = counters["cudagraph_skips"] > skips
 
 
 # --8<-- [end:decode]
