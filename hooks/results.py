@@ -10,6 +10,7 @@ A missing result or key fails the build with the page, the line and the refresh 
 from __future__ import annotations
 
 import html
+import math
 import sys
 from pathlib import Path
 
@@ -79,6 +80,9 @@ def table(record: dict, page) -> str:
     if not spec:
         raise KeyError("table")
     cols = spec["columns"]
+    for c in cols:  # a column may be sparse (shown as "—"), but not absent from every row
+        if not any(c["key"] in row for row in spec["rows"]):
+            raise KeyError(c["key"])
     lines = [
         f"**{record['title']}**",
         "",
@@ -86,7 +90,8 @@ def table(record: dict, page) -> str:
         "|" + "".join(":---|" if _is_text(spec["rows"], c["key"]) else "---:|" for c in cols),
     ]
     for row in spec["rows"]:
-        lines.append("| " + " | ".join(_fmt(row[c["key"]], c.get("format")) for c in cols) + " |")
+        cells = (_fmt(row.get(c["key"]), c.get("format")) for c in cols)
+        lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"计算模型：{record['model']}", "", provenance_line(record, page)]
     return "\n".join(lines)
 
@@ -170,10 +175,67 @@ def svg_roofline(rows: list[dict], spec: dict) -> str:
     return "".join(parts)
 
 
+SERIES_COLOURS = ("var(--md-primary-fg-color)", "var(--md-accent-fg-color)", "currentColor")
+
+
+def svg_series(rows: list[dict], spec: dict) -> str:
+    """Rows that share a label form one series: a line through its points (sorted by x), named
+    once at its last point. x is on a log2 axis when it spans a factor of 16 or more."""
+    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 150
+    series: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        series.setdefault(str(r[spec["label"]]), []).append(
+            (float(r[spec["x"]]), float(r[spec["y"]]))
+        )
+    xs = [x for pts in series.values() for x, _ in pts]
+    ys = [y for pts in series.values() for _, y in pts]
+    log = min(xs) > 0 and max(xs) / min(xs) >= 16
+    tx = math.log2 if log else float
+    x_lo, x_hi = (tx(min(xs)), tx(max(xs))) if log else (0.0, max(xs) * 1.05 or 1.0)
+    y_hi = max(ys) * 1.1 or 1.0
+
+    def px(x):
+        return left + (tx(x) - x_lo) / ((x_hi - x_lo) or 1.0) * (w - left - right)
+
+    def py(y):
+        return h - bottom - y / y_hi * (h - bottom - top)
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
+        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
+        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
+        _text((w - right + left) / 2, h - 6, spec["x_label"] + ("（对数轴）" if log else "")),
+    ]
+    ticks = sorted({x for x in xs}) if log else [x_hi * i / 4 for i in range(5)]
+    for x in ticks:
+        parts.append(_text(px(x), h - bottom + 16, f"{x:.3g}", size=10))
+    for i in range(5):
+        parts.append(_text(left - 22, py(y_hi * i / 4) + 4, f"{y_hi * i / 4:.3g}", size=10))
+    for k, (name, pts) in enumerate(series.items()):
+        colour = SERIES_COLOURS[k % len(SERIES_COLOURS)]
+        pts.sort()
+        line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
+        parts.append(
+            f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
+        )
+        parts += [
+            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{colour}"/>' for x, y in pts
+        ]
+        x, y = pts[-1]
+        parts.append(_text(px(x) + 8, py(y) + 4, name, size=11))
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def svg_scatter(rows: list[dict], spec: dict) -> str:
     """Linear x-y scatter, one labelled point per row. Rows whose spec['front'] key is true are
     filled and joined by a line (a Pareto front); others are hollow. The row whose
     spec['highlight'] key is true gets a ring."""
+    labels = [str(r[spec["label"]]) for r in rows]
+    if all(labels) and len(set(labels)) < len(labels):  # repeated labels: one line per series
+        return svg_series(rows, spec)
     w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 24
     xs = [float(r[spec["x"]]) for r in rows]
     ys = [float(r[spec["y"]]) for r in rows]

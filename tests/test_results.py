@@ -182,3 +182,32 @@ def test_hook_renders_tables_and_well_formed_svg(scratch):
     for svg in svgs:
         ET.fromstring(svg)  # well-formed
     assert svgs[1].count("<circle") == 2 and "脊点 175 FLOP/B" in svgs[1]
+    rows[1]["note"] = "x"  # a sparse column: "—" where a row lacks it
+    record["table"]["columns"].append({"key": "note", "label": "备注"})
+    assert "| a | 2.0 | — |\n| b | 900.0 | x |" in hook.table(record, page)
+    record["table"]["columns"].append({"key": "typo", "label": "?"})  # in no row: an error
+    with pytest.raises(KeyError, match="typo"):
+        hook.table(record, page)
+
+
+def test_scatter_rows_sharing_a_label_are_one_series(scratch):
+    """Repeated labels (e.g. a model name per batch size) give one line each, named once."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+    from types import SimpleNamespace
+
+    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
+    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    record = json.loads(measure(scratch).read_text(encoding="utf-8"))
+    record["table"] = {"columns": [{"key": "m", "label": "模型"}],
+                       "rows": [{"m": m, "b": b, "t": b * k} for m, k in (("A", 1.0), ("B", 2.0))
+                                for b in (1, 4, 64)]}  # fmt: skip
+    record["plot"] = {"kind": "scatter", "x": "b", "y": "t", "label": "m", "x_label": "batch",
+                      "y_label": "ms"}  # fmt: skip
+    page = SimpleNamespace(url="posts/demo/", file=SimpleNamespace(src_uri="posts/demo.md"))
+    (svg,) = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
+    ET.fromstring(svg)
+    assert svg.count("<polyline") == 2 and svg.count("<circle") == 6
+    assert svg.count(">A<") == 1 and svg.count(">B<") == 1 and "对数轴" in svg

@@ -137,8 +137,10 @@ def test_graph_replay_is_bitwise_the_eager_step_at_the_same_shapes():
 def test_graph_decode_is_token_identical_to_unpadded_eager_in_fp32():
     model = gpu_model(torch.float32)
     prompt = torch.randint(0, MID_TEST.vocab_size, (3, 5), device="cuda")
-    graphed = GraphedDecoder(model, StaticCache.empty(MID_TEST, 8, 64, torch.float32, "cuda"),
-                             (1, 2, 4, 8))  # fmt: skip
+    # The graphs keep the cache's addresses, not the cache: it must stay referenced. Passed as a
+    # temporary, its memory went to later tensors and the tokens differed (H200, 2026-12-02).
+    buckets = StaticCache.empty(MID_TEST, 8, 64, torch.float32, "cuda")
+    graphed = GraphedDecoder(model, buckets, (1, 2, 4, 8))
     cache = StaticCache.empty(MID_TEST, 3, 64, torch.float32, "cuda")
     out_graph = generate(graphed, prompt, 32)
     out_eager = generate(lambda t, p: decode_step(model, cache, t, p), prompt, 32)
