@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from snippets.common import results as res
+from tests.hooks import fake_page, load_hook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -154,14 +155,9 @@ def test_result_records_provenance_and_hashes(scratch):
 
 def test_hook_renders_tables_and_well_formed_svg(scratch):
     """hooks/results.py turns a record into a Markdown table and parseable SVG plots."""
-    import importlib.util
     import xml.etree.ElementTree as ET
-    from types import SimpleNamespace
 
-    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
-    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = load_hook("results")
     rows = [{"name": "a", "x": 1.0, "y": 2.0}, {"name": "b", "x": 300.0, "y": 900.0}]
     record = json.loads(measure(scratch).read_text(encoding="utf-8"))
     record["table"] = {
@@ -173,7 +169,7 @@ def test_hook_renders_tables_and_well_formed_svg(scratch):
         {"kind": "roofline", "x": "x", "y": "y", "label": "name", "peak_tflops": 700.0,
          "bandwidth_tb_s": 4.0, "x_label": "FLOP/B", "y_label": "TFLOP/s"},
     ]  # fmt: skip
-    page = SimpleNamespace(url="posts/demo/", file=SimpleNamespace(src_uri="posts/demo.md"))
+    page = fake_page("posts/demo.md")
     table = hook.table(record, page)
     assert "| 名称 | 值 |\n|:---|---:|\n| a | 2.0 |\n| b | 900.0 |" in table
     assert 'href="../../results/demo/speed.json"' in table
@@ -192,21 +188,16 @@ def test_hook_renders_tables_and_well_formed_svg(scratch):
 
 def test_scatter_rows_sharing_a_label_are_one_series(scratch):
     """Repeated labels (e.g. a model name per batch size) give one line each, named once."""
-    import importlib.util
     import xml.etree.ElementTree as ET
-    from types import SimpleNamespace
 
-    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
-    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = load_hook("results")
     record = json.loads(measure(scratch).read_text(encoding="utf-8"))
     record["table"] = {"columns": [{"key": "m", "label": "模型"}],
                        "rows": [{"m": m, "b": b, "t": b * k} for m, k in (("A", 1.0), ("B", 2.0))
                                 for b in (1, 4, 64)]}  # fmt: skip
     record["plot"] = {"kind": "scatter", "x": "b", "y": "t", "label": "m", "x_label": "batch",
                       "y_label": "ms"}  # fmt: skip
-    page = SimpleNamespace(url="posts/demo/", file=SimpleNamespace(src_uri="posts/demo.md"))
+    page = fake_page("posts/demo.md")
     (svg,) = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
     ET.fromstring(svg)
     assert svg.count("<polyline") == 2 and svg.count("<circle") == 6

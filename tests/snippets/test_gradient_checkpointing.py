@@ -6,13 +6,11 @@ bitwise equal to the run without checkpointing, in fp32 and in bf16 alike.
 """
 
 import dataclasses
-import importlib.util
 import itertools
 import random
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -49,6 +47,7 @@ from snippets.qwen3_fusion.model import (
     Qwen3ForCausalLM,
     rope_tables,
 )
+from tests.hooks import fake_page, load_hook
 
 ROOT = Path(__file__).resolve().parents[2]
 # A second shape: other head counts (GQA 6:2), head_dim 8, an MLP width that is not a multiple
@@ -269,10 +268,7 @@ def test_helpers_see_the_attention_kernel():
 def test_scatter_plot_marks_the_front_and_the_recommendation():
     """hooks/results.py's "scatter" kind: linear axes, one labelled point per row, front
     points filled and joined, the highlighted row ringed; the SVG is well formed."""
-    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
-    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
+    hook = load_hook("results")
     rows = [
         {"idx": 1, "gib": 8.0, "ms": 10.0, "front": True, "best": False},
         {"idx": 2, "gib": 2.0, "ms": 14.0, "front": True, "best": True},
@@ -283,7 +279,7 @@ def test_scatter_plot_marks_the_front_and_the_recommendation():
     record = {"slug": "demo", "name": "n", "table": {"rows": rows}, "plot": plot, "provenance": {
         "gpu": "g", "driver": "d", "cuda": "c", "torch": "t", "triton": "t", "date": "x",
         "commit": "0"}}  # fmt: skip
-    page = SimpleNamespace(url="posts/demo/", file=SimpleNamespace(src_uri="posts/demo.md"))
+    page = fake_page("posts/demo.md")
     (svg,) = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
     ET.fromstring(svg)
     circles = re.findall(r"<circle [^>]*>", svg)

@@ -8,14 +8,12 @@ gates' own: elementwise bounds from snippets/triton_kernels/numerics.py (op gate
 + u_p against fp64 (model gate), the band of perturbed eager runs (end-to-end gate).
 """
 
-import importlib.util
 import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,6 +28,7 @@ from snippets.precision_alignment.model_gate import model_gate, trace
 from snippets.qwen3_fusion.model import TINY, Kernels
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
+from tests.hooks import fake_page, load_hook
 from tests.snippets.fp64 import FP64
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -279,12 +278,9 @@ def test_gpu_run_code_writes_renderable_results(tmp_path):
         shutil.copy(ROOT / rel, tmp_path / rel)
     assert set(rope_bug) == {"passed", "first", "worst"}
     records = collect.records(plan, measured, ops, model, sites, ablation, rope_bug, curves)
-    spec = importlib.util.spec_from_file_location("results_hook", ROOT / "hooks" / "results.py")
-    hook = importlib.util.module_from_spec(spec)
-    pytest.importorskip("mkdocs", reason="the hook runs in the docs build")
-    spec.loader.exec_module(hook)
+    hook = load_hook("results")
     uri = "posts/precision-alignment.md"
-    page = SimpleNamespace(url="posts/precision-alignment/", file=SimpleNamespace(src_uri=uri))
+    page = fake_page(uri)
     for name, record in records.items():
         path = res.write_result(collect.SLUG, name, sources=collect.SOURCES,
                                 prov=FAKE_PROVENANCE, root=tmp_path, **record)  # fmt: skip

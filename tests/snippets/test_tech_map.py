@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from snippets.tech_map.data import (
     load_taxonomy,
     name_key,
 )
+from tests.hooks import fake_page, load_hook
 
 SERIES_MD = Path("/work/shared/SERIES.md")  # the series plan, where this checkout has it
 
@@ -339,16 +339,9 @@ def test_planted_malformed_yaml_and_duplicate_key(tmp_path, data):
 @pytest.fixture(scope="module")
 def hook():
     """The build hook (CPU build side: skipped where mkdocs is not installed, e.g. gpu_docs)."""
-    pytest.importorskip("mkdocs", reason="the build hook runs in the docs build, not on the GPU")
-    spec = importlib.util.spec_from_file_location("datapages_hook", ROOT / "hooks" / "datapages.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_hook("datapages")
     module.on_pre_build(None)
     return module
-
-
-def page(src_uri: str):
-    return SimpleNamespace(file=SimpleNamespace(src_uri=src_uri))
 
 
 FILES = [SimpleNamespace(src_uri="posts/gradient-accumulation.md"), SimpleNamespace(src_uri="x.md")]
@@ -356,14 +349,14 @@ FILES = [SimpleNamespace(src_uri="posts/gradient-accumulation.md"), SimpleNamesp
 
 def test_hook_expands_markers_outside_fences_only(hook):
     md = "# t\n\n<!-- data: graph -->\n\n```text\n<!-- data: nonsense -->\n```\n"
-    out = hook.on_page_markdown(md, page("posts/tech-map.md"), None, FILES)
+    out = hook.on_page_markdown(md, fake_page("posts/tech-map.md"), None, FILES)
     assert "```mermaid\nflowchart TD" in out and "<!-- data: nonsense -->" in out
 
 
 def test_hook_links_relative_to_the_page(hook):
-    out = hook.on_page_markdown("<!-- data: scenarios -->\n", page("posts/t.md"), None, FILES)
+    out = hook.on_page_markdown("<!-- data: scenarios -->\n", fake_page("posts/t.md"), None, FILES)
     assert "](../glossary.md#flash-attention)" in out
-    out = hook.on_page_markdown("<!-- data: series-map -->\n", page("index.md"), None, FILES)
+    out = hook.on_page_markdown("<!-- data: series-map -->\n", fake_page("index.md"), None, FILES)
     assert "](posts/gradient-accumulation.md)" in out
 
 
@@ -378,16 +371,16 @@ def test_hook_links_relative_to_the_page(hook):
 )
 def test_hook_rejects_bad_markers_with_page_and_line(hook, marker, problem):
     with pytest.raises(hook.PluginError) as err:
-        hook.on_page_markdown(f"# t\n\ntext\n{marker}\n", page("posts/t.md"), None, FILES)
+        hook.on_page_markdown(f"# t\n\ntext\n{marker}\n", fake_page("posts/t.md"), None, FILES)
     assert str(err.value).startswith("docs/posts/t.md:4: ") and problem in str(err.value)
 
 
 def test_hook_checks_the_glossary_anchor_list(hook):
     text = (ROOT / render.GLOSSARY_PAGE).read_text(encoding="utf-8")
-    out = hook.on_page_markdown(text, page("glossary.md"), None, FILES)
+    out = hook.on_page_markdown(text, fake_page("glossary.md"), None, FILES)
     assert "<!-- anchors" not in out and "### KV Cache {#kv-cache}" in out
     with pytest.raises(hook.PluginError, match=r"differs from data/glossary\.yaml"):
-        hook.on_page_markdown(text.replace(" {#mqa}", ""), page("glossary.md"), None, FILES)
+        hook.on_page_markdown(text.replace(" {#mqa}", ""), fake_page("glossary.md"), None, FILES)
 
 
 def test_hook_reports_malformed_data_with_file_and_line(hook, tmp_path, monkeypatch):
