@@ -104,6 +104,19 @@ def _text(x: float, y: float, text: str, size: int = 12, rotate: bool = False) -
     )
 
 
+def _framed(spec: dict, w: int, h: int, left: int, bottom: int, top: int, right: int,
+            x_label: str | None = None) -> list[str]:  # fmt: skip
+    """An SVG's opening, the plot area's frame and both axis labels."""
+    return [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
+        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
+        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
+        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
+        _text((w - right + left) / 2, h - 6, x_label or spec["x_label"]),
+    ]
+
+
 def svg_bars(rows: list[dict], spec: dict) -> str:
     """A bar chart: one bar per row, y = spec['y'], labelled by spec['x']. Theme colours."""
     w, h, left, bottom, top = 640, 260, 60, 40, 20
@@ -134,8 +147,6 @@ def svg_bars(rows: list[dict], spec: dict) -> str:
 
 def svg_roofline(rows: list[dict], spec: dict) -> str:
     """Log-log roofline: min(peak, bandwidth x intensity), and one labelled point per row."""
-    import math
-
     w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 16
     xs = [float(r[spec["x"]]) for r in rows]
     ys = [float(r[spec["y"]]) for r in rows]
@@ -153,14 +164,9 @@ def svg_roofline(rows: list[dict], spec: dict) -> str:
     roof = [(10**x_lo, bw * 10**x_lo), (ridge, peak), (10**x_hi, peak)]
     line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
-        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
-        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        *_framed(spec, w, h, left, bottom, top, right),
         f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="2"/>',
         _text(px(ridge), py(peak) - 6, f"脊点 {ridge:.0f} FLOP/B", size=11),
-        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
-        _text((w + left) / 2, h - 6, spec["x_label"]),
     ]
     for exp in range(math.ceil(x_lo), math.floor(x_hi) + 1):
         parts.append(_text(px(10**exp), h - bottom + 16, f"1e{exp}", size=10))
@@ -200,14 +206,9 @@ def svg_series(rows: list[dict], spec: dict) -> str:
     def py(y):
         return h - bottom - y / y_hi * (h - bottom - top)
 
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
-        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
-        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
-        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
-        _text((w - right + left) / 2, h - 6, spec["x_label"] + ("（对数轴）" if log else "")),
-    ]
+    parts = _framed(
+        spec, w, h, left, bottom, top, right, spec["x_label"] + ("（对数轴）" if log else "")
+    )
     ticks = sorted({x for x in xs}) if log else [x_hi * i / 4 for i in range(5)]
     for x in ticks:
         parts.append(_text(px(x), h - bottom + 16, f"{x:.3g}", size=10))
@@ -252,14 +253,9 @@ def svg_scatter(rows: list[dict], spec: dict) -> str:
     front = sorted((x, y) for r, x, y in zip(rows, xs, ys, strict=True) if r.get(spec.get("front")))
     line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in front)
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
-        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
-        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
+        *_framed(spec, w, h, left, bottom, top, right),
         f'<polyline points="{line}" fill="none" stroke="var(--md-primary-fg-color)" '
         'stroke-dasharray="4 3"/>',
-        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
-        _text((w + left) / 2, h - 6, spec["x_label"]),
     ]
     for i in range(5):  # ticks at 0, 1/4, ..., 1 of each axis
         parts.append(_text(px(x_hi * i / 4), h - bottom + 16, f"{x_hi * i / 4:.3g}", size=10))
