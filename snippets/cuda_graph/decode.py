@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from snippets.qwen3_fusion.model import Qwen3Config, Qwen3ForCausalLM, rope_tables
 
@@ -58,10 +57,9 @@ def decode_step(model: Qwen3ForCausalLM, cache: StaticCache, tokens, pos):
         q, k = attn.rope(q, k, cos.to(q.dtype), sin.to(q.dtype))
         cache.k[i, rows, :, pos] = k[:, :, 0]  # write this token's key and value in place
         cache.v[i, rows, :, pos] = v[:, :, 0]
-        with sdpa_kernel(SDPBackend.MATH):  # one backend for every batch size (see the text)
-            out = F.scaled_dot_product_attention(
-                q, cache.k[i], cache.v[i], attn_mask=visible, enable_gqa=True
-            )
+        out = F.scaled_dot_product_attention(
+            q, cache.k[i], cache.v[i], attn_mask=visible, enable_gqa=True
+        )
         x = x + attn.o_proj(out.transpose(1, 2).reshape(b, 1, -1))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(model.model.norm(x))[:, 0]

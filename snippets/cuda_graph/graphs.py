@@ -40,6 +40,7 @@ class GraphedDecoder:
 
     def __init__(self, model, cache: StaticCache, buckets, shared_pool: bool = True):
         self.buckets = sorted(buckets)
+        self.cache = cache  # the graphs hold its addresses, not a reference: keep it alive
         big = self.buckets[-1]
         device = cache.k.device
         self.tokens = torch.zeros(big, dtype=torch.long, device=device)  # static inputs
