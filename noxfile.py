@@ -95,7 +95,10 @@ def gpu_docs(session: nox.Session) -> None:
         t0 = time.perf_counter()
         test_file = ROOT / "tests" / "snippets" / f"test_{slug.replace('-', '_')}.py"
         targets = [f"docs/posts/{slug}.md"] + ([str(test_file)] if test_file.exists() else [])
-        session.run(sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", env=env)
+        session.run(
+            sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", "--durations=6",
+            env=env,
+        )  # fmt: skip
         durations[slug] = time.perf_counter() - t0
     total = time.perf_counter() - start
     session.log("gpu_docs summary (seconds):")

@@ -6,10 +6,11 @@ from snippets.cuda_graph.decode import StaticCache, decode_step
 
 
 # --8<-- [start:capture]
-def capture(fn, warmup: int = 3, pool=None):
+def capture(fn, warmup: int = 3, pool=None, generators=()):
     """Run fn a few times on a side stream (lazy initialisation, cuBLAS workspaces, the
     allocator's first blocks), then record it. Returns the graph and fn's output, whose
-    memory belongs to the graph: every replay writes the new result into it."""
+    memory belongs to the graph: every replay writes the new result into it. Generators
+    other than the default one must be registered before capture (section 4.4)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -17,6 +18,8 @@ def capture(fn, warmup: int = 3, pool=None):
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
+    for generator in generators:
+        graph.register_generator_state(generator)
     with torch.cuda.graph(graph, pool=pool):
         out = fn()
     return graph, out
@@ -72,29 +75,17 @@ class GraphedDecoder:
 # --8<-- [start:train]
 def captured_train_step(model, optimizer, ids):
     """The whole step (forward, backward, optimizer) as one graph over the static batch `ids`.
-    The optimizer must be capturable (its step count on the GPU). Returns (graph, loss)."""
+    The optimizer must be capturable (its step count on the GPU). The warm-up runs are real
+    steps: they train the model. Returns (graph, loss)."""
 
     def step():
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)  # in capture: the gradients go to the graph's pool
         loss = model(ids, labels=ids)
         loss.backward()
         optimizer.step()
         return loss
 
-    optimizer.zero_grad(set_to_none=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up: these are real steps, they train the model
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(stream)
-    optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients in its own pool
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        loss = model(ids, labels=ids)
-        loss.backward()
-        optimizer.step()
-    return graph, loss
+    return capture(step)
 
 
 # --8<-- [end:train]

@@ -93,21 +93,13 @@ def rng() -> dict:
         own = "fresh" if not torch.equal(first, out) else "repeated"
     except RuntimeError as exc:
         own = "RuntimeError: " + str(exc).splitlines()[0]
-    graph = torch.cuda.CUDAGraph()  # fix: register the generator before capture
-    graph.register_generator_state(gen)
-    static = torch.empty(4, device=CUDA)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        static.copy_(torch.rand(4, device=CUDA, generator=gen))  # warm-up
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        static.copy_(torch.rand(4, device=CUDA, generator=gen))
+    graph, out = capture(lambda: torch.rand(4, device=CUDA, generator=gen),
+                         generators=(gen,))  # fix: register the generator before capture
     graph.replay()
-    first = static.clone()
+    first = out.clone()
     graph.replay()
     return {"default_fresh": default_fresh, "own_generator": own,
-            "registered_fresh": not torch.equal(first, static)}  # fmt: skip
+            "registered_fresh": not torch.equal(first, out)}  # fmt: skip
 
 
 # --8<-- [end:rng]
