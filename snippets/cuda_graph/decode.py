@@ -35,6 +35,16 @@ class StaticCache:
         """The first `batch` sequences: views, so the addresses stay the same."""
         return StaticCache(self.k[:, :batch], self.v[:, :batch], self.cos, self.sin, self.slots)
 
+    def write(self, layer: int, pos, k, v):
+        """Store each sequence's new key and value [batch, kv_heads, head_dim] at its own
+        position, in place: one index_put_ on the whole tensor. Written through a view instead
+        (self.k[layer, rows, :, pos] = k), torch.compile copies the layer's cache (section 2.4)."""
+        b, heads = k.shape[:2]
+        rows = torch.arange(b, device=k.device)[:, None]
+        idx = (rows * 0 + layer, rows, torch.arange(heads, device=k.device), pos[:, None])
+        self.k.index_put_(idx, k)
+        self.v.index_put_(idx, v)
+
 
 # --8<-- [end:cache]
 
@@ -44,7 +54,6 @@ class StaticCache:
 def decode_step(model: Qwen3ForCausalLM, cache: StaticCache, tokens, pos):
     """One new token per sequence. tokens, pos: [batch] on the device. Returns logits [batch, V]."""
     b, d = tokens.shape[0], model.config.head_dim
-    rows = torch.arange(b, device=tokens.device)
     x = model.model.embed_tokens(tokens)[:, None]  # [b, 1, H]
     cos, sin = cache.cos[pos][:, None, None], cache.sin[pos][:, None, None]  # [b, 1, 1, d]
     visible = (cache.slots[None] <= pos[:, None])[:, None, None]  # [b, 1, 1, max_len]
@@ -55,8 +64,7 @@ def decode_step(model: Qwen3ForCausalLM, cache: StaticCache, tokens, pos):
         k = attn.k_norm(attn.k_proj(h).view(b, 1, attn.n_kv, d)).transpose(1, 2)
         v = attn.v_proj(h).view(b, 1, attn.n_kv, d).transpose(1, 2)
         q, k = attn.rope(q, k, cos.to(q.dtype), sin.to(q.dtype))
-        cache.k[i, rows, :, pos] = k[:, :, 0]  # write this token's key and value in place
-        cache.v[i, rows, :, pos] = v[:, :, 0]
+        cache.write(i, pos, k[:, :, 0], v[:, :, 0])  # this token's key and value, in place
         out = F.scaled_dot_product_attention(
             q, cache.k[i], cache.v[i], attn_mask=visible, enable_gqa=True
         )

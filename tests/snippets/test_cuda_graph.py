@@ -85,6 +85,44 @@ def test_bucket_for():
         bucket_for(9, (1, 2, 4, 8))
 
 
+def layer_copies(write) -> int:
+    """Compile `write` over every layer of a float32 cache with Inductor on the CPU and count
+    the generated loops that run over a whole layer of the cache (batch * heads * slots *
+    head_dim elements). The sizes make that trip count a number no other loop has."""
+    from torch._inductor.utils import run_and_get_code
+
+    layers, batch, heads, slots, dim = 3, 4, 2, 40, 16
+    cfg = replace(TINY, num_hidden_layers=layers, num_key_value_heads=heads, head_dim=dim)
+    cache = StaticCache.empty(cfg, batch, slots, torch.float32, "cpu")
+    pos = torch.tensor([0, 5, 9, 39])
+    k, v = torch.randn(batch, heads, dim), torch.randn(batch, heads, dim)
+
+    def step(cache, pos, k, v):
+        for i in range(layers):
+            write(cache, i, pos, k, v)
+        return k.sum()  # no read of the cache: any loop over a layer is a copy
+
+    expected = StaticCache.empty(cfg, batch, slots, torch.float32, "cpu")
+    step(expected, pos, k, v)
+    torch._dynamo.reset()
+    _, code = run_and_get_code(torch.compile(step), cache, pos, k, v)
+    assert torch.equal(cache.k, expected.k) and torch.equal(cache.v, expected.v)
+    return sum(c.count(f"x0<static_cast<int64_t>({batch * heads * slots * dim}L)") for c in code)
+
+
+def test_compiled_cache_write_copies_no_layer():
+    """Section 2.4: written through a view, the compiled step copies each layer's cache; the
+    single index_put_ of StaticCache.write is done in place."""
+
+    def through_a_view(cache, i, pos, k, v):
+        rows = torch.arange(k.shape[0])
+        cache.k[i, rows, :, pos] = k
+        cache.v[i, rows, :, pos] = v
+
+    assert layer_copies(through_a_view) > 0  # the planted write: the test can see copies
+    assert layer_copies(StaticCache.write) == 0
+
+
 # GPU ---------------------------------------------------------------------------------------
 
 MID_TEST = replace(TINY, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
