@@ -93,8 +93,9 @@ def rng() -> dict:
         own = "fresh" if not torch.equal(first, out) else "repeated"
     except RuntimeError as exc:
         own = "RuntimeError: " + str(exc).splitlines()[0]
-    graph, out = capture(lambda: torch.rand(4, device=CUDA, generator=gen),
-                         generators=(gen,))  # fix: register the generator before capture
+    graph, out = capture(
+        lambda: torch.rand(4, device=CUDA, generator=gen), generators=(gen,)
+    )  # fix: register the generator before capture
     graph.replay()
     first = out.clone()
     graph.replay()
