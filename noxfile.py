@@ -1,11 +1,14 @@
-"""Sessions: docs, serve, tests (default), e2e, gpu_docs (GPU machines only), new_post."""
+"""Sessions: docs, serve, tests (default), e2e, gpu_docs (GPU machines only), compare, new_post."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,39 +75,170 @@ def post_slugs() -> list[str]:
     return sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
 
 
+BUDGET_S = 60  # per post on one H200, from a cold start (compiles, autotuning, training)
+
+
+def _gate(*args: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.gate", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+
+
+def _commit(session: nox.Session) -> dict:
+    """HANDBOOK_COMMIT / HANDBOOK_DIRTY from the environment, or from git where there is one."""
+    commit = os.environ.get("HANDBOOK_COMMIT")
+    dirty = os.environ.get("HANDBOOK_DIRTY")
+    if not commit:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        if out.returncode != 0:
+            session.error(
+                "gpu_docs: no git here to tell the commit; pass HANDBOOK_COMMIT=<40-hex sha> and "
+                "HANDBOOK_DIRTY=0|1 from the machine that holds the repository"
+            )
+        commit = out.stdout.strip()
+    if dirty is None:
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", ".", ":(exclude)results"],
+            cwd=ROOT, capture_output=True, text=True,
+        )  # fmt: skip
+        dirty = "1" if status.stdout.strip() else "0"
+    return {"HANDBOOK_COMMIT": commit, "HANDBOOK_DIRTY": dirty}
+
+
+def _shard(slugs: list[str], spec: str, session: nox.Session) -> list[str]:
+    """Shard i of n (1-based): posts spread by their last measured wall time, largest first."""
+    m = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not m or not 1 <= int(m[1]) <= int(m[2]):
+        session.error(f"gpu_docs: --shard takes i/n with 1 <= i <= n, got {spec!r}")
+    i, n = int(m[1]), int(m[2])
+    weight = {}
+    for slug in slugs:
+        walls = []
+        for f in (ROOT / "results" / slug).glob("*.json"):
+            try:
+                walls.append(json.loads(f.read_text(encoding="utf-8"))["provenance"]["wall_s"] or 0)
+            except (ValueError, KeyError, TypeError):
+                continue
+        weight[slug] = max(walls, default=30.0)
+    bins: list[list[str]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for slug in sorted(slugs, key=lambda s: (-weight[s], s)):
+        k = load.index(min(load))
+        bins[k].append(slug)
+        load[k] += weight[slug]
+    return sorted(bins[i - 1])
+
+
 @nox.session(venv_backend="none", tags=["gpu"], default=False)
 def gpu_docs(session: nox.Session) -> None:
-    """On a CUDA machine: run every page and test on the GPU and rewrite results/.
+    """On a CUDA machine: measure the posts that are due, check their claims, rewrite results/.
 
-    No venv, no network: uses the interpreter that has CUDA torch. `-- <slug>` runs one post.
+    `nox -s gpu_docs`                   posts whose results are stale or missing, plus every
+                                        CUDA-only test of the others
+    `-- <slug>...` / `-- --all`         these posts / every post
+    `-- --shard i/n`                    the i-th of n shares of the chosen posts
+    `-- --verify <slug>...`             measure into a scratch folder, leave results/ alone, and
+                                        print whether each claim holds on this machine
+    No venv, no network: uses the interpreter that has CUDA torch. Each post runs from a cold
+    start (fresh Triton, Inductor and CUDA caches) and must fit BUDGET_S seconds.
     """
+    args = list(session.posargs)
+    verify = "--verify" in args
+    every = "--all" in args
+    shard = None
+    if "--shard" in args:
+        at = args.index("--shard")
+        if at + 1 >= len(args):
+            session.error("gpu_docs: --shard needs i/n")
+        shard = args.pop(at + 1)
+    slugs = [a for a in args if not a.startswith("--")]
+    unknown = [a for a in args if a.startswith("--") and a not in ("--verify", "--all", "--shard")]
+    if unknown:
+        session.error(f"gpu_docs: unknown option(s) {' '.join(unknown)}")
+    missing = sorted(set(slugs) - set(post_slugs()))
+    if missing:
+        session.error(f"gpu_docs: no post docs/posts/<slug>.md for {', '.join(missing)}")
     probe = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
         capture_output=True, text=True,
     )  # fmt: skip
     if probe.stdout.strip() != "True":
         session.error("gpu_docs needs a CUDA device: torch.cuda.is_available() is not True here")
-    slugs = session.posargs or post_slugs()
-    unknown = sorted(set(slugs) - set(post_slugs()))
-    if unknown:
-        session.error(f"gpu_docs: no post docs/posts/<slug>.md for {', '.join(unknown)}")
-    env = {"TRITON_INTERPRET": "0", "HANDBOOK_GPU_RUN": "1"}
-    durations = {}
-    start = time.perf_counter()
+    env = {**os.environ, **_commit(session), "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
+    if every or (verify and not slugs):
+        slugs = post_slugs()
+    elif not slugs:
+        due = _gate("--due", env=env)
+        if due.returncode != 0:
+            session.error(f"gpu_docs: could not tell which posts are due:\n{due.stderr}")
+        slugs = due.stdout.split()
+    if shard:
+        slugs = _shard(slugs, shard, session)
+    base = ROOT / "results"
+    if verify:
+        base = Path(tempfile.mkdtemp(prefix="handbook-verify-"))
+        shutil.copytree(ROOT / "results", base, dirs_exist_ok=True)
+        session.log(f"--verify: measuring into {base}; results/ stays as it is")
+    env["HANDBOOK_RESULTS_DIR"] = str(base)
+    rows, failed = [], []
     for slug in slugs:
-        t0 = time.perf_counter()
+        cold = Path(tempfile.mkdtemp(prefix=f"handbook-cold-{slug}-"))
+        post_env = env | {
+            "TRITON_CACHE_DIR": str(cold / "triton"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cold / "inductor"),
+            "CUDA_CACHE_PATH": str(cold / "cuda"),
+        }
         test_file = ROOT / "tests" / "snippets" / f"test_{slug.replace('-', '_')}.py"
         targets = [f"docs/posts/{slug}.md"] + ([str(test_file)] if test_file.exists() else [])
-        session.run(
-            sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", "--durations=6",
-            env=env,
+        session.log(f"gpu_docs: {slug}")
+        t0 = time.perf_counter()
+        tests = subprocess.run(
+            [sys.executable, "-m", "pytest", *targets, "-p", "no:cacheprovider", "--durations=6"],
+            cwd=ROOT, env=post_env,
         )  # fmt: skip
-        durations[slug] = time.perf_counter() - t0
-    total = time.perf_counter() - start
-    session.log("gpu_docs summary (seconds):")
-    for slug, seconds in durations.items():
-        session.log(f"  {slug:<28} {seconds:7.1f}")
-    session.log(f"  {'total':<28} {total:7.1f}")
+        wall = time.perf_counter() - t0
+        claims = _gate("--results", str(base), "--claims", slug, env=env)
+        print(claims.stdout + claims.stderr, end="")
+        problems = []
+        if tests.returncode != 0:
+            problems.append("tests failed")
+        if claims.returncode != 0:
+            problems.append("claims fail")
+        if wall > BUDGET_S:
+            problems.append(f"over its {BUDGET_S} s budget")
+        n_claims = claims.stdout.count(": holds: ") + claims.stdout.count(": FAILS: ")
+        rows.append((slug, wall, n_claims, "; ".join(problems) or "ok"))
+        failed += [slug] if problems else []
+        shutil.rmtree(cold, ignore_errors=True)
+    if not every and not shard and not session.posargs:  # the CUDA-only tests of the others
+        others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
+                  if not any(p.stem == f"test_{s.replace('-', '_')}" for s in slugs)
+                  and "e2e" not in p.parts]  # fmt: skip
+        t0 = time.perf_counter()
+        rest = subprocess.run(
+            [sys.executable, "-m", "pytest", *others, "-m", "gpu", "-p", "no:cacheprovider", "-q"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        ok = rest.returncode in (0, 5)  # 5: nothing selected
+        rows.append(("(CUDA-only tests of the rest)", time.perf_counter() - t0, 0,
+                     "ok" if ok else "tests failed"))  # fmt: skip
+        failed += [] if ok else ["CUDA-only tests"]
+    session.log("gpu_docs summary:")
+    session.log(f"  {'post':<30} {'wall s':>7} {'budget':>7} {'claims':>6}  status")
+    for slug, wall, n_claims, status in rows:
+        session.log(f"  {slug:<30} {wall:7.1f} {BUDGET_S:>7} {n_claims:>6}  {status}")
+    session.log(f"  {'total':<30} {sum(r[1] for r in rows):7.1f}")
+    if verify:
+        session.log(f"measured into {base} (results/ untouched)")
+    if failed:
+        session.error(f"gpu_docs: failed: {', '.join(failed)}")
+
+
+@nox.session(venv_backend="none", default=False)
+def compare(session: nox.Session) -> None:
+    """How far two runs agree: `nox -s compare -- RUN_A [RUN_B]` (RUN_B defaults to results/)."""
+    if not 1 <= len(session.posargs) <= 2:
+        session.error("usage: nox -s compare -- RUN_A [RUN_B]")
+    session.run(sys.executable, "-m", "tests.compare", *session.posargs)
 
 
 TEMPLATE_PAGE = """# {title}

@@ -1,16 +1,19 @@
-"""Render GPU results (results/<slug>/<name>.json) into pages at build time, on the CPU.
+"""Show results (results/<slug>/<name>.json) on pages at build time, on the CPU.
 
-In a page docs/posts/<slug>.md:
-  <!-- result: table NAME -->   a table, the provenance line and a link to the raw JSON
-  <!-- result: plot NAME -->    an SVG plot of the result's "plot" spec(s), with provenance
-  {{ NAME:key }} / {{ NAME:key:.1f }}   a number from the result's "values", inline
-A missing result or key fails the build with the page, the line and the refresh command.
+The page says how (snippets/common/claims.py reads and checks it):
+  {{ NAME:path }} / {{ NAME:path:.1f }}    a number; a timing shows its median, its range on hover
+  ```table NAME  (YAML: rows, columns, caption, note, compare, where)   a table
+  ```plot NAME   (YAML: a Vega-Lite spec plus rows, caption, note, map, roof, where)  a chart,
+                 drawn in the browser by the vendored vega-embed, with error bars for timings
+  <!-- claim: EXPR -->                     asserted here; shown as a check mark with the claim
+A missing result, an unknown path, a malformed spec or a claim that does not hold fails the
+build with the page and the line.
 """
 
 from __future__ import annotations
 
 import html
-import math
+import json
 import sys
 from pathlib import Path
 
@@ -21,305 +24,260 @@ from mkdocs.utils import get_relative_url
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from snippets.common import results as res  # noqa: E402
+from snippets.common import claims as cl  # noqa: E402
+from snippets.common.results import Stat, refresh_command, results_dir  # noqa: E402
+
+PYTHON_MARK = "†"
+PYTHON_LEGEND = f"{PYTHON_MARK} 从 Python 计时：墙钟时间，含 CPU 一侧的开销"
+OVERLAP_MARK = "≈"
+OVERLAP_LEGEND = f"{OVERLAP_MARK} 同一行中标记的数值区间重叠：差异在测量散布之内"
 
 
 def on_files(files: Files, config) -> Files:
-    for path in sorted((ROOT / "results").rglob("*.json")):
-        uri = path.relative_to(ROOT).as_posix()
+    base = results_dir()  # HANDBOOK_RESULTS_DIR shows a scratch run (e.g. --verify)
+    for path in sorted(base.glob("*/*.json")):
+        uri = f"results/{path.relative_to(base).as_posix()}"
         files.append(File.generated(config, uri, abs_src_path=str(path)))
     return files
 
 
-def _slug(page) -> str:
-    return Path(page.file.src_uri).stem
+# --------------------------------------------------------------------------- formatting
 
 
-def _load(page, name: str, line: int) -> dict:
-    path = res.result_path(_slug(page), name)
-    try:
-        return res.load_result(path)
-    except res.ResultError as exc:
-        raise PluginError(
-            f"docs/{page.file.src_uri}:{line}: result {name!r}: {exc}; produce it on a GPU "
-            f"with `{res.refresh_command(_slug(page))}`"
-        ) from None
-
-
-def _fmt(value, fmt: str | None) -> str:
+def fmt(value, spec: str | None) -> str:
     if value is None:
         return "—"
-    if fmt:
-        return format(value, fmt)
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    if isinstance(value, Stat) or cl.is_stat(value):
+        value = value.median if isinstance(value, Stat) else value["median"]
+    if isinstance(value, float) and not spec:
+        return f"{value:.3g}"
+    return format(value, spec) if spec else str(value)
 
 
-def provenance_line(record: dict, page) -> str:
-    p = record["provenance"]
-    uri = f"results/{record['slug']}/{record['name']}.json"
-    href = get_relative_url(uri, page.url)
-    parts = [
-        f"实测于 {p['gpu']}",
-        f"驱动 {p['driver']}",
-        f"CUDA {p['cuda']}",
-        f"torch {p['torch']}",
-        f"triton {p['triton']}",
-        p["date"],
-        f"commit {p['commit']}",
+def spread_text(stat: Stat) -> str:
+    s = stat.spread
+    return f"±{s:.1%}" if s < 0.1 else f"±{s:.0%}"
+
+
+def number(value, spec: str | None) -> str:
+    text = fmt(value, spec)
+    stat = cl.as_stat(value)
+    if isinstance(stat, Stat) and stat.n:
+        clock = "，从 Python 计时" if stat.clock == "python" else ""
+        title = (f"中位数；{stat.n} 次重复，范围 {fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}"
+                 f"（{spread_text(stat)}）{clock}")  # fmt: skip
+        return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
+    return text
+
+
+def cell(value, col: dict, overlap: bool) -> str:
+    mapped = col.get("map", {}).get(value, value) if isinstance(value, str | int) else value
+    text = fmt(mapped, col.get("format"))
+    stat = cl.as_stat(value)
+    if isinstance(stat, Stat) and stat.n and stat.lo != stat.hi:
+        text += f" {spread_text(stat)}"
+        if stat.clock == "python":
+            text += PYTHON_MARK
+    if overlap:
+        text = f"{OVERLAP_MARK} {text}"
+    return text.replace("|", "\\|")
+
+
+def _overlapping(row: dict, keys: list[str]) -> set[str]:
+    stats = {k: cl.as_stat(row.get(k)) for k in keys}
+    stats = {k: v for k, v in stats.items() if isinstance(v, Stat)}
+    out = set()
+    for a, x in stats.items():
+        for b, y in stats.items():
+            if a < b and x.lo <= y.hi and y.lo <= x.hi:
+                out |= {a, b}
+    return out
+
+
+def provenance_line(records: list[dict], page) -> str:
+    parts, links = [], []
+    for record in records:
+        uri = f"results/{record['slug']}/{record['name']}.json"
+        links.append(
+            f'<a href="{get_relative_url(uri, page.url)}" download>{record["name"]}.json</a>'
+        )
+    p = records[0]["provenance"]
+    if records[0]["kind"] == "measured":
+        parts = [f"实测于 {p['gpu']}", f"驱动 {p['driver']}", f"CUDA {p['cuda']}",
+                 f"torch {p['torch']}", f"triton {p['triton']}"]  # fmt: skip
+    else:
+        parts = [f"CPU 上计算（Python {p['python']}）"]
+    parts += [
+        p["date"][:10],
+        f"commit {p['commit'][:10]}" + ("（工作区有改动）" if p["dirty"] else ""),
     ]
     text = " · ".join(html.escape(str(x)) for x in parts)
-    return f'<p class="provenance">{text} · <a href="{href}" download>原始数据 JSON</a></p>'
+    return f'<p class="provenance">{text} · 原始数据 {" ".join(links)}</p>'
 
 
-def _is_text(rows: list[dict], key: str) -> bool:
-    return any(isinstance(r.get(key), str) for r in rows)
+# --------------------------------------------------------------------------- blocks
 
 
-def table(record: dict, page) -> str:
-    spec = record.get("table")
-    if not spec:
-        raise KeyError("table")
-    cols = spec["columns"]
-    for c in cols:  # a column may be sparse (shown as "—"), but not absent from every row
-        if not any(c["key"] in row for row in spec["rows"]):
-            raise KeyError(c["key"])
-    lines = [
-        f"**{record['title']}**",
-        "",
-        "| " + " | ".join(c["label"] for c in cols) + " |",
-        "|" + "".join(":---|" if _is_text(spec["rows"], c["key"]) else "---:|" for c in cols),
+def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = True) -> str:
+    cols = cl.table_columns(d)
+    rows = cl.rows_of(slug, d, results)
+    compare = list(d.spec.get("compare") or [])
+    text_cols = {k for k, _ in cols if any(isinstance(r.get(k), str) for r in rows)}
+    lines = [f"**{d.spec['caption']}**", ""] if d.spec.get("caption") else []
+    lines += [
+        "| " + " | ".join(c["label"].replace("|", "\\|") for _, c in cols) + " |",
+        "|" + "".join(":---|" if k in text_cols else "---:|" for k, _ in cols),
     ]
-    for row in spec["rows"]:
-        cells = (_fmt(row.get(c["key"]), c.get("format")) for c in cols)
+    marks = set()
+    for r in rows:
+        overlap = _overlapping(r, compare)
+        cells = [cell(r.get(k), c, k in overlap) for k, c in cols]
+        marks |= {OVERLAP_MARK} if overlap else set()
+        marks |= {
+            PYTHON_MARK for k, _ in cols if getattr(cl.as_stat(r.get(k)), "clock", 0) == "python"
+        }
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"计算模型：{record['model']}", "", provenance_line(record, page)]
+    legends = [PYTHON_LEGEND] * (PYTHON_MARK in marks) + [OVERLAP_LEGEND] * (OVERLAP_MARK in marks)
+    timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
+                for r in rows for k, _ in cols)  # fmt: skip
+    if timed:
+        legends.insert(0, "计时为多次重复的中位数，± 为全部重复的最大偏离")
+    lines += (
+        ["", f'<p class="result-note">{html.escape("；".join(legends))}</p>'] if legends else []
+    )
+    if d.spec.get("note"):
+        lines += ["", f'<p class="result-note">{html.escape(d.spec["note"])}</p>']
+    lines += ["", provenance_line([results.record(slug, d.name)], page)] if prov else []
     return "\n".join(lines)
 
 
-def _text(x: float, y: float, text: str, size: int = 12, rotate: bool = False) -> str:
-    turn = f' transform="rotate(-90 {x:.1f} {y:.1f})"' if rotate else ""
-    return (
-        f'<text x="{x:.1f}" y="{y:.1f}"{turn} text-anchor="middle" font-size="{size}" '
-        f'fill="currentColor">{html.escape(text)}</text>'
-    )
-
-
-def _framed(spec: dict, w: int, h: int, left: int, bottom: int, top: int, right: int,
-            x_label: str | None = None) -> list[str]:  # fmt: skip
-    """An SVG's opening, the plot area's frame and both axis labels."""
-    return [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
-        f'<rect x="{left}" y="{top}" width="{w - left - right}" height="{h - top - bottom}" '
-        'fill="none" stroke="currentColor" stroke-opacity="0.4"/>',
-        _text(14, (h - bottom + top) / 2, spec["y_label"], rotate=True),
-        _text((w - right + left) / 2, h - 6, x_label or spec["x_label"]),
-    ]
-
-
-def svg_bars(rows: list[dict], spec: dict) -> str:
-    """A bar chart: one bar per row, y = spec['y'], labelled by spec['x']. Theme colours."""
-    w, h, left, bottom, top = 640, 260, 60, 40, 20
-    ys = [float(r[spec["y"]]) for r in rows]
-    ymax = max(ys) * 1.15 or 1.0
-    step = (w - left - 10) / len(rows)
-    bar = step * 0.6
-    base = h - bottom
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" role="img" '
-        f'aria-label="{html.escape(spec["y_label"])}" class="result-svg">',
-        f'<line x1="{left}" y1="{base}" x2="{w - 10}" y2="{base}" stroke="currentColor"/>',
-        _text(14, (base + top) / 2, spec["y_label"], rotate=True),
-        _text((w + left) / 2, h - 4, spec["x_label"]),
-    ]
-    for i, (row, y) in enumerate(zip(rows, ys, strict=True)):
-        x = left + i * step + (step - bar) / 2
-        bh = (base - top) * y / ymax
-        parts += [
-            f'<rect x="{x:.1f}" y="{base - bh:.1f}" width="{bar:.1f}" height="{bh:.1f}" '
-            'fill="var(--md-primary-fg-color)"/>',
-            _text(x + bar / 2, base - bh - 4, f"{y:.3g}", size=11),
-            _text(x + bar / 2, base + 16, str(row[spec["x"]])),
-        ]
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def svg_roofline(rows: list[dict], spec: dict) -> str:
-    """Log-log roofline: min(peak, bandwidth x intensity), and one labelled point per row."""
-    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 16
-    xs = [float(r[spec["x"]]) for r in rows]
-    ys = [float(r[spec["y"]]) for r in rows]
-    peak, bw = spec["peak_tflops"], spec["bandwidth_tb_s"]
-    x_lo, x_hi = math.log10(min(xs) / 2), math.log10(max(max(xs), peak / bw) * 2)
-    y_lo, y_hi = math.log10(max(min(ys), 1e-3) / 2), math.log10(peak * 2)
-
-    def px(x):
-        return left + (math.log10(x) - x_lo) / (x_hi - x_lo) * (w - left - right)
-
-    def py(y):
-        return h - bottom - (math.log10(max(y, 1e-9)) - y_lo) / (y_hi - y_lo) * (h - bottom - top)
-
-    ridge = peak / bw
-    roof = [(10**x_lo, bw * 10**x_lo), (ridge, peak), (10**x_hi, peak)]
-    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in roof)
-    parts = [
-        *_framed(spec, w, h, left, bottom, top, right),
-        f'<polyline points="{line}" fill="none" stroke="currentColor" stroke-width="2"/>',
-        _text(px(ridge), py(peak) - 6, f"脊点 {ridge:.0f} FLOP/B", size=11),
-    ]
-    for exp in range(math.ceil(x_lo), math.floor(x_hi) + 1):
-        parts.append(_text(px(10**exp), h - bottom + 16, f"1e{exp}", size=10))
-    for exp in range(math.ceil(y_lo), math.floor(y_hi) + 1):
-        parts.append(_text(left - 20, py(10**exp) + 4, f"1e{exp}", size=10))
-    for row, x, y in zip(rows, xs, ys, strict=True):
-        parts += [
-            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="var(--md-primary-fg-color)"/>',
-            _text(px(x) + 9, py(y) + 4, str(row[spec["label"]]), size=10),
-        ]
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-SERIES_COLOURS = ("var(--md-primary-fg-color)", "var(--md-accent-fg-color)", "currentColor")
-
-
-def svg_series(rows: list[dict], spec: dict) -> str:
-    """Rows that share a label form one series: a line through its points (sorted by x), named
-    once at its last point. x is on a log2 axis when it spans a factor of 16 or more."""
-    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 150
-    series: dict[str, list[tuple[float, float]]] = {}
+def _flat(rows: list[dict], mapping: dict) -> list[dict]:
+    """Rows for Vega-Lite: a timing becomes its median plus <field>_lo and <field>_hi."""
+    out = []
     for r in rows:
-        series.setdefault(str(r[spec["label"]]), []).append(
-            (float(r[spec["x"]]), float(r[spec["y"]]))
-        )
-    xs = [x for pts in series.values() for x, _ in pts]
-    ys = [y for pts in series.values() for _, y in pts]
-    log = min(xs) > 0 and max(xs) / min(xs) >= 16
-    tx = math.log2 if log else float
-    x_lo, x_hi = (tx(min(xs)), tx(max(xs))) if log else (0.0, max(xs) * 1.05 or 1.0)
-    y_hi = max(ys) * 1.1 or 1.0
+        flat = {}
+        for k, v in r.items():
+            v = cl.as_stat(v)
+            if isinstance(v, Stat):
+                flat[k] = v.median
+                if v.n:
+                    flat[f"{k}_lo"], flat[f"{k}_hi"] = v.lo, v.hi
+            elif isinstance(v, str | int | float | bool) or v is None:
+                flat[k] = mapping.get(k, {}).get(v, v) if isinstance(v, str | int) else v
+        out.append(flat)
+    return out
 
-    def px(x):
-        return left + (tx(x) - x_lo) / ((x_hi - x_lo) or 1.0) * (w - left - right)
 
-    def py(y):
-        return h - bottom - y / y_hi * (h - bottom - top)
+def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
+    rows = cl.rows_of(slug, d, results)
+    data = _flat(rows, d.spec.get("map") or {})
+    spec = {k: v for k, v in d.spec.items() if k not in cl.PLOT_KEYS}
+    spec.setdefault("width", "container")
+    spec.setdefault("height", 300)
+    layers = []
+    if "layer" not in spec:
+        mark = spec.pop("mark")
+        mark = {"type": mark} if isinstance(mark, str) else dict(mark)
+        mark.setdefault("tooltip", {"content": "data"})
+        if mark["type"] == "line":
+            mark.setdefault("point", True)
+        encoding = spec.pop("encoding", {})
+        layers.append({"mark": mark, "encoding": encoding})
+        y = encoding.get("y", {})
+        if isinstance(y, dict) and f"{y.get('field')}_lo" in (data[0] if data else {}):
+            bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
+            bar["y"] = {**y, "field": f"{y['field']}_lo"}
+            bar["y2"] = {"field": f"{y['field']}_hi"}
+            layers.append({"mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
+    else:
+        layers = spec.pop("layer")
+    roof = d.spec.get("roof")
+    if roof:
+        enc = layers[0]["encoding"]
+        xf, yf = enc["x"]["field"], enc["y"]["field"]
+        bw = cl.as_stat(cl.resolve(slug, d.name, roof["bandwidth"], results)).median
+        peak = cl.as_stat(cl.resolve(slug, d.name, roof["peak"], results)).median
+        xs = [r[xf] for r in data if isinstance(r.get(xf), int | float)]
+        ridge = peak / bw
+        lo, hi = min([*xs, ridge]) / 2, max([*xs, ridge]) * 2
+        line = [{xf: lo, yf: bw * lo}, {xf: ridge, yf: peak}, {xf: hi, yf: peak}]
+        layers.insert(0, {
+            "data": {"values": line},
+            "mark": {"type": "line", "color": "#888", "strokeDash": [4, 3]},
+            "encoding": {"x": {"field": xf, "type": "quantitative"},
+                         "y": {"field": yf, "type": "quantitative"}},
+        })  # fmt: skip
+    return {**spec, "data": {"values": data}, "layer": layers}
 
-    parts = _framed(
-        spec, w, h, left, bottom, top, right, spec["x_label"] + ("（对数轴）" if log else "")
+
+def plot(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = True) -> str:
+    spec = json.dumps(vega_spec(slug, d, results), ensure_ascii=False).replace("</", "<\\/")
+    caption = html.escape(str(d.spec.get("caption") or ""))
+    parts = [f'<p class="result-caption"><strong>{caption}</strong></p>'] if caption else []
+    parts.append(
+        f'<div class="result-plot" data-result="{html.escape(d.name)}">'
+        f'<script type="application/json">{spec}</script></div>'
     )
-    ticks = sorted({x for x in xs}) if log else [x_hi * i / 4 for i in range(5)]
-    for x in ticks:
-        parts.append(_text(px(x), h - bottom + 16, f"{x:.3g}", size=10))
-    for i in range(5):
-        parts.append(_text(left - 22, py(y_hi * i / 4) + 4, f"{y_hi * i / 4:.3g}", size=10))
-    for k, (name, pts) in enumerate(series.items()):
-        colour = SERIES_COLOURS[k % len(SERIES_COLOURS)]
-        pts.sort()
-        line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        parts.append(
-            f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5"/>'
-        )
-        parts += [
-            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" fill="{colour}"/>' for x, y in pts
-        ]
-        x, y = pts[-1]
-        parts.append(_text(px(x) + 8, py(y) + 4, name, size=11))
-    parts.append("</svg>")
-    return "".join(parts)
+    if d.spec.get("note"):
+        parts.append(f'<p class="result-note">{html.escape(d.spec["note"])}</p>')
+    if prov:
+        parts.append(provenance_line([results.record(slug, d.name)], page))
+    return "\n\n".join(parts)
 
 
-def svg_scatter(rows: list[dict], spec: dict) -> str:
-    """Linear x-y scatter, one labelled point per row. Rows whose spec['front'] key is true are
-    filled and joined by a line (a Pareto front); others are hollow. The row whose
-    spec['highlight'] key is true gets a ring."""
-    labels = [str(r[spec["label"]]) for r in rows]
-    if all(labels) and len(set(labels)) < len(labels):  # repeated labels: one line per series
-        return svg_series(rows, spec)
-    w, h, left, bottom, top, right = 640, 320, 64, 44, 16, 24
-    xs = [float(r[spec["x"]]) for r in rows]
-    ys = [float(r[spec["y"]]) for r in rows]
-    x_hi = max(xs) * 1.1 or 1.0
-    spread = (max(ys) - min(ys)) or abs(max(ys)) or 1.0  # y zoomed to the data, not from 0
-    y_lo, y_hi = min(ys) - 0.15 * spread, max(ys) + 0.15 * spread
-
-    def px(x):
-        return left + x / x_hi * (w - left - right)
-
-    def py(y):
-        return h - bottom - (y - y_lo) / (y_hi - y_lo) * (h - bottom - top)
-
-    front = sorted((x, y) for r, x, y in zip(rows, xs, ys, strict=True) if r.get(spec.get("front")))
-    line = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in front)
-    parts = [
-        *_framed(spec, w, h, left, bottom, top, right),
-        f'<polyline points="{line}" fill="none" stroke="var(--md-primary-fg-color)" '
-        'stroke-dasharray="4 3"/>',
-    ]
-    for i in range(5):  # ticks at 0, 1/4, ..., 1 of each axis
-        parts.append(_text(px(x_hi * i / 4), h - bottom + 16, f"{x_hi * i / 4:.3g}", size=10))
-        y_tick = y_lo + (y_hi - y_lo) * i / 4
-        parts.append(_text(left - 22, py(y_tick) + 4, f"{y_tick:.3g}", size=10))
-    for row, x, y in zip(rows, xs, ys, strict=True):
-        fill = "var(--md-primary-fg-color)" if row.get(spec.get("front")) else "none"
-        parts += [
-            f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="4" fill="{fill}" '
-            'stroke="var(--md-primary-fg-color)" stroke-width="1.5"/>',
-            _text(px(x) + 9, py(y) + 4, str(row[spec["label"]]), size=10),
-        ]
-        if row.get(spec.get("highlight")):
-            parts.append(
-                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="9" fill="none" '
-                'stroke="currentColor" stroke-width="1.5"/>'
-            )
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def plot(record: dict, page) -> str:
-    specs = record.get("plot")
-    if not specs:
-        raise KeyError("plot")
-    specs = specs if isinstance(specs, list) else [specs]
-    rows = record["table"]["rows"]
-    draw = {"bars": svg_bars, "roofline": svg_roofline, "scatter": svg_scatter}
-    figures = [
-        f'<div class="result-plot">{draw[s.get("kind", "bars")](rows, s)}</div>' for s in specs
-    ]
-    return "\n\n".join([*figures, provenance_line(record, page)])
-
-
-RENDER = {"table": table, "plot": plot}
+def claim(d: cl.Directive) -> str:
+    title = f"已断言：{d.text}（每次构建与每次 GPU 运行都对照结果检查，按区间不利的一端判断）"
+    return f'<span class="claim" title="{html.escape(title)}">✓</span>'
 
 
 def verified_line(records: list[dict]) -> str:
-    """The page's "last verified on a GPU" line, from its newest result."""
-    p = max((r["provenance"] for r in records), key=lambda p: p["date"])
-    text = f"本页的 GPU 测量最近一次运行于 {p['gpu']}：{p['date']}（commit {p['commit']}）"
+    """The page's "last verified on a GPU" line, from its newest measurement."""
+    measured = [r["provenance"] for r in records if r["kind"] == "measured"]
+    if not measured:
+        return ""
+    p = max(measured, key=lambda p: p["date"])
+    text = (f"本页的 GPU 测量最近一次运行于 {p['gpu']}：{p['date'][:10]}"
+            f"（commit {p['commit'][:10]}）")  # fmt: skip
     return f'<p class="provenance">{html.escape(text)}</p>'
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
+    path = ROOT / "docs" / page.file.src_uri
+    slug = cl.slug_of(path)
+    results = cl.Results()
     where = f"docs/{page.file.src_uri}"
-    out = []
-    last = 0
-    records = []
-    for m in res.references(markdown):
-        line = markdown.count("\n", 0, m.start()) + 1
-        record = _load(page, m["name"], line)
-        records.append(record)
+    source = path.read_text(encoding="utf-8") if path.is_file() else markdown
+    shift = source[: source.find(markdown)].count("\n") if markdown in source else 0  # front matter
+    try:
+        found = cl.directives(path, markdown)
+    except (cl.SpecError, cl.markup.PageError) as exc:
+        raise PluginError(str(exc)) from None
+    out, last, shown = [], 0, set()
+    for d in found:
         try:
-            if m.re is res.BLOCK:
-                text = RENDER[m["kind"]](record, page)
+            problem = cl.check_directive(slug, d, results)
+            if problem:
+                raise cl.SpecError(problem)
+            if d.kind == "number":
+                text = number(cl.resolve(slug, d.name, d.text, results), d.fmt)
+            elif d.kind in ("table", "plot"):  # the provenance line once per result
+                render = table if d.kind == "table" else plot
+                text = render(slug, d, results, page, d.name not in shown)
+                shown.add(d.name)
             else:
-                text = _fmt(res.lookup(record, m["key"]), m["fmt"])
-        except (KeyError, ValueError) as exc:
-            raise PluginError(f"{where}:{line}: result {m['name']!r}: no {exc} in it") from None
-        out += [markdown[last : m.start()], text]
-        last = m.end()
+                text = claim(d)
+        except cl.SpecError as exc:
+            hint = (
+                f" (produce it with `{refresh_command(slug)}`)"
+                if "no such result" in str(exc)
+                else ""
+            )
+            raise PluginError(f"{where}:{d.line + shift}: {exc}{hint}") from None
+        out += [markdown[last : d.start], text]
+        last = d.end
     markdown = "".join([*out, markdown[last:]])
-    if records:  # under the page title
+    line = verified_line(list(results.loaded.values()))
+    if line:  # under the page title
         head, sep, rest = markdown.partition("\n")
-        markdown = f"{head}{sep}\n{verified_line(records)}\n{rest}"
+        markdown = f"{head}{sep}\n{line}\n{rest}"
     return markdown

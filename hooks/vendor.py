@@ -1,4 +1,4 @@
-"""Serve pinned mermaid and KaTeX from the site itself (no CDN).
+"""Serve pinned mermaid, KaTeX and Vega (vega, vega-lite, vega-embed) from the site itself (no CDN).
 
 The files come from node_modules/, installed by `npm ci` from package-lock.json.
 """
@@ -20,13 +20,17 @@ ASSETS = {
     "assets/vendor/katex/katex.min.js": "katex/dist/katex.min.js",
     "assets/vendor/katex/katex.min.css": "katex/dist/katex.min.css",
     "assets/vendor/katex/contrib/auto-render.min.js": "katex/dist/contrib/auto-render.min.js",
+    "assets/vendor/vega/vega.min.js": "vega/build/vega.min.js",
+    "assets/vendor/vega/vega-lite.min.js": "vega-lite/build/vega-lite.min.js",
+    "assets/vendor/vega/vega-embed.min.js": "vega-embed/build/vega-embed.min.js",
 }
 FONT_DIR = "katex/dist/fonts"
 
 
 def _check_pins() -> None:
     lock = json.loads((ROOT / "package-lock.json").read_text(encoding="utf-8"))
-    for name in ("mermaid", "katex"):
+    wanted = json.loads((ROOT / "package.json").read_text(encoding="utf-8"))["dependencies"]
+    for name in wanted:
         want = lock["packages"][f"node_modules/{name}"]["version"]
         manifest = NODE / name / "package.json"
         if not manifest.exists():

@@ -15,9 +15,7 @@ import difflib
 import importlib
 import importlib.abc
 import importlib.machinery
-import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,114 +24,20 @@ from pytest_examples.find_examples import CodeExample
 from pytest_examples.run_code import InsertPrintStatements
 from sybil import Region
 
-PYTHON = {"python", "py", "python3", "py3"}
-# Fences in these languages are shown, never run. Anything else is an error (no silent gaps).
-NOT_RUN = {
-    "bash", "sh", "shell", "console", "text", "txt", "yaml", "yml", "json", "toml", "ini",
-    "mermaid", "diff", "markdown", "md", "c", "cpp", "cuda", "latex", "tex", "html", "css", "js",
-}  # fmt: skip
+from snippets.common.markup import (
+    NOT_RUN,
+    PYTHON,
+    SECTION,
+    Fence,
+    PageError,
+    check_language,
+    rel,
+    scan,
+)
+
 EXAMPLES_CONFIG = ExamplesConfig(line_length=100, target_version="py311", ruff_line_length=100)
 UPDATE = False  # set from --update-examples by conftest.py
-
-_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
-_INCLUDE = re.compile(r'^--8<--\s+"(?P<target>[^"]+)"\s*$')
-_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu)\s*:(?P<reason>.*?)-->\s*$")
-_SECTION = "--8<-- [{}:{}]"
-
-
-class PageError(Exception):
-    """A page is malformed; the message starts with ``path:line``."""
-
-
-@dataclass
-class Fence:
-    path: Path
-    line: int  # 1-based line of the opening fence
-    end_line: int  # 1-based line of the closing fence
-    lang: str
-    info: str
-    indent: int
-    body: str  # dedented content
-    start: int  # char offsets of the whole fence in the page
-    end: int
-    body_start: int  # char offsets of the content
-    body_end: int
-    index: int = 0  # ordinal among the page's fences
-    skip: str | None = None  # reason, always skipped
-    gpu: str | None = None  # reason, skipped without CUDA
-
-    @property
-    def where(self) -> str:
-        return f"{_rel(self.path)}:{self.line}"
-
-    def includes(self) -> list[tuple[str, str | None]]:
-        """(file, section) per include line; [] for inline code; error on a mixed fence."""
-        lines = [ln for ln in self.body.splitlines() if ln.strip()]
-        found = [_INCLUDE.match(ln.strip()) for ln in lines]
-        if not any(found):
-            return []
-        if not all(found):
-            raise PageError(f"{self.where}: a fence mixes --8<-- includes with inline code")
-        out = []
-        for m in found:
-            target = m["target"]
-            file, _, section = target.partition(":")
-            if section and not re.fullmatch(r"[A-Za-z0-9_-]+", section):
-                raise PageError(f"{self.where}: include {target!r}: use a named section")
-            out.append((file, section or None))
-        return out
-
-
-def scan(path: Path, text: str | None = None) -> list[Fence]:
-    """Every fenced block of a page, with its language, position and skip marker."""
-    text = path.read_text(encoding="utf-8") if text is None else text
-    lines = text.splitlines(keepends=True)
-    offsets = [0]
-    for ln in lines:
-        offsets.append(offsets[-1] + len(ln))
-    fences: list[Fence] = []
-    i = 0
-    while i < len(lines):
-        m = _OPEN.match(lines[i].rstrip("\n"))
-        if not m:
-            i += 1
-            continue
-        indent, mark = m["indent"], m["fence"]
-        close = re.compile(rf"^{re.escape(indent)}{mark[0]}{{{len(mark)},}}[ \t]*$")
-        j = i + 1
-        while j < len(lines) and not close.match(lines[j].rstrip("\n")):
-            j += 1
-        if j == len(lines):
-            raise PageError(f"{path}:{i + 1}: fence opened here is never closed")
-        info = m["info"].strip()
-        lang = info.split()[0].lower() if info else ""
-        body_lines = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[i + 1 : j]]
-        fence = Fence(
-            path=path, line=i + 1, end_line=j + 1, lang=lang, info=info, indent=len(indent),
-            body="".join(body_lines), start=offsets[i], end=offsets[j + 1],
-            body_start=offsets[i + 1], body_end=offsets[j], index=len(fences),
-        )  # fmt: skip
-        k = i - 1
-        while k >= 0 and not lines[k].strip():
-            k -= 1
-        marker = _MARK.match(lines[k]) if k >= 0 else None
-        if marker:
-            reason = marker["reason"].strip()
-            if not reason:
-                raise PageError(f"{path}:{k + 1}: <!-- {marker['kind']}: --> needs a reason")
-            setattr(fence, marker["kind"], reason)
-        fences.append(fence)
-        i = j + 1
-    return fences
-
-
-def check_language(fence: Fence) -> None:
-    if fence.lang in PYTHON or fence.lang in NOT_RUN:
-        return
-    raise PageError(
-        f"{fence.where}: fence language {fence.lang or '(none)'!r} is neither executed Python "
-        f"nor a shown-only language ({', '.join(sorted(NOT_RUN))}); it would silently not run"
-    )
+__all__ = ["NOT_RUN", "PYTHON", "Fence", "PageError", "check_language", "scan"]
 
 
 def resolve_include(fence: Fence, root: Path, file: str, section: str | None) -> Path:
@@ -143,10 +47,10 @@ def resolve_include(fence: Fence, root: Path, file: str, section: str | None) ->
     if section:
         text = target.read_text(encoding="utf-8")
         for edge in ("start", "end"):
-            if _SECTION.format(edge, section) not in text:
+            if SECTION.format(edge, section) not in text:
                 raise PageError(
                     f"{fence.where}: included file {file!r} has no section {section!r} "
-                    f"(missing '# {_SECTION.format(edge, section)}')"
+                    f"(missing '# {SECTION.format(edge, section)}')"
                 )
     return target
 
@@ -175,7 +79,7 @@ def _check_prints(printer: InsertPrintStatements, code: CodeExample, where: str)
     if new is None or UPDATE:
         return new
     old_lines, new_lines = code.source.splitlines(), new.splitlines()
-    shown = _rel(code.path)
+    shown = rel(code.path)
     diff = difflib.unified_diff(
         old_lines, new_lines, f"{shown} (#> comments)", f"{shown} (printed)", lineterm="", n=2
     )
@@ -230,7 +134,7 @@ def run_include(root: Path, target: Path, namespace: dict, where: str) -> None:
     module = importlib.import_module(module_name(root, target))
     printer = getattr(module, "__printer__", None)
     if printer is None:
-        raise PageError(f"{where}: {_rel(target)} was imported before its prints could be recorded")
+        raise PageError(f"{where}: {rel(target)} was imported before its prints could be recorded")
     code = CodeExample.create(target.read_text(encoding="utf-8"), path=target, start_line=1)
     new = _check_prints(printer, code, where)
     if new is not None:
@@ -246,7 +150,7 @@ def run_inline(fence: Fence, namespace: dict) -> str | None:
     printer = _printer(fence.path)
     with printer:
         exec(compile(source, str(fence.path), "exec"), namespace)
-    new = _check_prints(printer, code, _rel(fence.path))
+    new = _check_prints(printer, code, rel(fence.path))
     return new[len(pad) :] if new is not None else None
 
 
@@ -291,7 +195,7 @@ class PageParser:
             target = resolve_include(fence, self.root, file, section)
             if target not in done:
                 done.add(target)
-                run_include(self.root, target, namespace, _rel(fence.path))
+                run_include(self.root, target, namespace, rel(fence.path))
 
 
 def _rewrite_fence(fence: Fence, body: str) -> None:
@@ -305,13 +209,6 @@ def _rewrite_fence(fence: Fence, body: str) -> None:
 def _is_user_code(filename: str, root: Path) -> bool:
     path = Path(filename).resolve()
     return any(path.is_relative_to(root.resolve() / d) for d in ("docs", "snippets"))
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _cuda() -> bool:

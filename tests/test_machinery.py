@@ -23,6 +23,9 @@ def site(tmp_path):
     (dest / "tests").mkdir()
     for name in ("__init__.py", "pages.py"):
         shutil.copy(ROOT / "tests" / name, dest / "tests" / name)
+    (dest / "snippets" / "common").mkdir()
+    for name in ("__init__.py", "markup.py"):  # the page grammar
+        shutil.copy(ROOT / "snippets" / "common" / name, dest / "snippets" / "common" / name)
     shutil.copy(ROOT / "conftest.py", dest / "conftest.py")
     (dest / "pytest.ini").write_text("[pytest]\naddopts = -p no:cacheprovider -rA\n", "utf-8")
     return dest

@@ -1,204 +1,259 @@
-"""Freshness gate: GPU results must match the code they were measured with, and be shown.
+"""The results gate on this repository, and the mechanism on a scratch tree.
 
-A result whose sources changed since it was measured fails with the command that refreshes
-it; a page that references a missing result fails; a result that no page shows fails.
+On the repository: every record is valid, unedited (checksum), fresh (derived sources), from a
+commit in this branch's history, and read by a page; every number, table, plot and claim on
+every page resolves, and every claim holds at the unfavourable end of its values' spread.
+
+On a scratch tree (a git repository of its own): a snippet module that imports a helper, which
+opens a data file, records a result; then each fault a contributor could make is planted and
+must fail with the file (and line).
 """
 
 import json
-import re
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from snippets.common import results as res
-from tests.hooks import fake_page, load_hook
+from tests import gate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def result_files(root: Path) -> list[Path]:
-    return sorted((root / "results").rglob("*.json"))
-
-
-def references(root: Path) -> dict[tuple[str, str], str]:
-    """(slug, name) -> "page:line" of the first reference, for every page."""
-    refs = {}
-    for page in sorted((root / "docs" / "posts").glob("*.md")):
-        text = page.read_text(encoding="utf-8")
-        for m in res.references(text):
-            line = text.count("\n", 0, m.start()) + 1
-            refs.setdefault((page.stem, m["name"]), f"{page.relative_to(root)}:{line}")
-    return refs
-
-
-def freshness_errors(root: Path) -> list[str]:
-    errors = []
-    for path in result_files(root):
-        rel = path.relative_to(root)
-        try:
-            record = res.load_result(path)
-        except res.ResultError as exc:
-            errors.append(str(exc))
-            continue
-        changed = res.stale_sources(record, root)
-        if changed:
-            errors.append(
-                f"{rel}: stale: {', '.join(changed)} changed since it was measured on "
-                f"{record['provenance'].get('date')}; refresh on a GPU with "
-                f"`{res.refresh_command(record['slug'])}` and commit the new result"
-            )
-    return errors
-
-
-def reference_errors(root: Path) -> list[str]:
-    refs = references(root)
-    errors = [
-        f"{where}: result {name!r} does not exist (results/{slug}/{name}.json); "
-        f"produce it with `{res.refresh_command(slug)}`"
-        for (slug, name), where in refs.items()
-        if not res.result_path(slug, name, root).is_file()
-    ]
-    for path in result_files(root):
-        slug, name = path.parent.name, path.stem
-        if (slug, name) not in refs:
-            errors.append(
-                f"{path.relative_to(root)}: no page shows this result "
-                f"(add <!-- result: table {name} --> to docs/posts/{slug}.md, or delete it)"
-            )
-    return errors
-
-
-@pytest.mark.parametrize("check", [freshness_errors, reference_errors], ids=lambda c: c.__name__)
-def test_results(check):
-    errors = check(ROOT)
+@pytest.mark.parametrize(
+    "check", [gate.record_errors, gate.page_errors, gate.unread_errors], ids=lambda c: c.__name__
+)
+def test_repository(check):
+    errors = check(ROOT, ROOT / "results")
     assert not errors, "\n".join(errors)
 
 
-# The mechanism, on a scratch tree: measure, edit one line, see it fail, re-measure, pass.
+# --------------------------------------------------------------------------- scratch tree
 
-FAKE_PROVENANCE = {
-    "gpu": "NVIDIA H200", "driver": "0", "cuda": "13.0", "torch": "2.11.0",
-    "triton": "3.6.0", "date": "2026-01-01", "commit": "0" * 12,
-}  # fmt: skip
+COMMON = ("__init__.py", "results.py", "markup.py", "claims.py")
+HELPER = """from pathlib import Path
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "demo.yaml"
+
+
+def size():
+    return int(DATA.read_text().split(":")[1])
+"""
+RECORD = """from snippets.common.results import Stat, computed_result
+from snippets.demo.helper import size
+
+N = size()
+ms = [1.00, 1.01, 0.99, 1.02, 1.00]
+computed_result("demo", "speed", {
+    "n": N,
+    "rows": [{"impl": "a", "ms": Stat.of(ms, "gpu-graph")},
+             {"impl": "b", "ms": Stat.of([2 * x for x in ms], "gpu-graph")}],
+})
+"""
+PAGE = """# Demo
+
+```table speed
+rows: rows
+caption: 两种实现
+columns:
+  impl: 实现
+  ms: {label: ms, format: .2f}
+```
+
+N 是 {{ speed:n }}。a 比 b 快。<!-- claim: speed:rows[impl=a].ms < speed:rows[impl=b].ms -->
+"""
+
+
+def git(root: Path, *args: str) -> str:
+    who = {f"GIT_{role}_{what}": v for role in ("AUTHOR", "COMMITTER")
+           for what, v in (("NAME", "t"), ("EMAIL", "t@t"))}  # fmt: skip
+    env = {**os.environ, **who}
+    out = subprocess.run(
+        ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
+    )
+    return out.stdout.strip()
+
+
+def measure(root: Path, commit: str | None = None) -> subprocess.CompletedProcess:
+    """What a run does: import the snippet, which records (computed kind, rewritten)."""
+    env = {**os.environ, "PYTHONPATH": str(root), res.UPDATE_ENV: "1", res.DIRTY_ENV: "0",
+           res.COMMIT_ENV: commit or git(root, "rev-parse", "HEAD")}  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", "import snippets.demo.record"],
+        cwd=root, env=env, capture_output=True, text=True,
+    )  # fmt: skip
 
 
 @pytest.fixture
 def scratch(tmp_path):
-    for rel in res.HARNESS:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / rel, tmp_path / rel)
-    snippet = tmp_path / "snippets" / "demo" / "bench.py"
-    snippet.parent.mkdir(parents=True)
-    snippet.write_text("N = 1024\nprint(N)\n", encoding="utf-8")
-    page = tmp_path / "docs" / "posts" / "demo.md"
-    page.parent.mkdir(parents=True)
-    page.write_text(
-        "# Demo\n\n<!-- result: table speed -->\n\nIt took {{ speed:ms }} ms.\n", "utf-8"
-    )
-    return tmp_path
+    root = tmp_path / "repo"
+    for name in COMMON:
+        (root / "snippets" / "common").mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "snippets" / "common" / name, root / "snippets" / "common" / name)
+    shutil.copy(ROOT / "snippets" / "__init__.py", root / "snippets" / "__init__.py")
+    files = {
+        "snippets/demo/__init__.py": "",
+        "snippets/demo/helper.py": HELPER,
+        "snippets/demo/record.py": RECORD,
+        "data/demo.yaml": "n: 1024\n",
+        "docs/posts/demo.md": PAGE,
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    git(root, "init", "-q")
+    git(root, "add", ".")
+    git(root, "commit", "-qm", "scratch")
+    run = measure(root)
+    assert run.returncode == 0, run.stderr
+    return root
 
 
-def measure(root: Path) -> Path:
-    return res.write_result(
-        "demo", "speed", title="t", model="bytes = 2N", values={"ms": 1.5},
-        sources=["snippets/demo/bench.py"], prov=FAKE_PROVENANCE, root=root,
-    )  # fmt: skip
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text(encoding="utf-8")
+    assert old in text, old
+    path.write_text(text.replace(old, new), encoding="utf-8")
 
 
-def test_edit_after_measuring_is_caught_and_remeasuring_fixes_it(scratch):
-    measure(scratch)
-    assert freshness_errors(scratch) == []
-    assert reference_errors(scratch) == []
-    snippet = scratch / "snippets" / "demo" / "bench.py"
-    snippet.write_text("N = 2048\nprint(N)\n", encoding="utf-8")  # one line edited
-    (error,) = freshness_errors(scratch)
-    assert error.startswith("results/demo/speed.json: stale: snippets/demo/bench.py changed")
-    assert "`nox -s gpu_docs -- demo`" in error
-    measure(scratch)  # what gpu_docs does
-    assert freshness_errors(scratch) == []
+RESULT = "results/demo/speed.json"
 
 
-def test_harness_edit_makes_every_result_stale(scratch):
-    measure(scratch)
-    harness = scratch / "snippets" / "common" / "bench.py"
-    harness.write_text(harness.read_text() + "\n# tweak\n", encoding="utf-8")
-    assert "snippets/common/bench.py" in freshness_errors(scratch)[0]
-
-
-def test_missing_and_unshown_results_are_caught(scratch):
-    page = scratch / "docs" / "posts" / "demo.md"
-    errors = reference_errors(scratch)  # nothing measured yet
-    assert errors == [
-        "docs/posts/demo.md:3: result 'speed' does not exist (results/demo/speed.json); "
-        "produce it with `nox -s gpu_docs -- demo`"
-    ]
-    measure(scratch)
-    page.write_text("# Demo\n", encoding="utf-8")
-    (error,) = reference_errors(scratch)
-    assert error.startswith("results/demo/speed.json: no page shows this result")
-
-
-def test_malformed_result_names_file_and_line(scratch):
-    path = measure(scratch)
-    path.write_text(path.read_text().replace('"values"', '"values" "'), encoding="utf-8")
-    (error,) = freshness_errors(scratch)
-    assert re.match(rf"{re.escape(str(path))}:\d+: malformed JSON", error), error
-
-
-def test_result_records_provenance_and_hashes(scratch):
-    record = json.loads(measure(scratch).read_text(encoding="utf-8"))
-    assert set(FAKE_PROVENANCE) <= set(record["provenance"])
-    assert set(record["sources"]) == {"snippets/demo/bench.py", *res.HARNESS}
+def test_scratch_is_clean_and_sources_are_derived(scratch):
+    assert gate.errors(scratch) == []
+    record = json.loads((scratch / RESULT).read_text(encoding="utf-8"))
+    assert set(record["sources"]) == {  # imports, direct and indirect, and the file opened
+        "snippets/__init__.py", "snippets/common/__init__.py", "snippets/demo/__init__.py",
+        "snippets/demo/record.py", "snippets/demo/helper.py", "data/demo.yaml",
+    }  # fmt: skip
+    assert record["provenance"]["measured_by"] == "snippets/demo/record.py"
+    assert record["provenance"]["commit"] == git(scratch, "rev-parse", "HEAD")
     assert all(d.startswith("sha256:") and len(d) == 71 for d in record["sources"].values())
 
 
-def test_hook_renders_tables_and_well_formed_svg(scratch):
-    """hooks/results.py turns a record into a Markdown table and parseable SVG plots."""
-    import xml.etree.ElementTree as ET
-
-    hook = load_hook("results")
-    rows = [{"name": "a", "x": 1.0, "y": 2.0}, {"name": "b", "x": 300.0, "y": 900.0}]
-    record = json.loads(measure(scratch).read_text(encoding="utf-8"))
-    record["table"] = {
-        "columns": [{"key": "name", "label": "名称"}, {"key": "y", "label": "值", "format": ".1f"}],
-        "rows": rows,
-    }
-    record["plot"] = [
-        {"x": "name", "y": "y", "x_label": "名称", "y_label": "值"},
-        {"kind": "roofline", "x": "x", "y": "y", "label": "name", "peak_tflops": 700.0,
-         "bandwidth_tb_s": 4.0, "x_label": "FLOP/B", "y_label": "TFLOP/s"},
-    ]  # fmt: skip
-    page = fake_page("posts/demo.md")
-    table = hook.table(record, page)
-    assert "| 名称 | 值 |\n|:---|---:|\n| a | 2.0 |\n| b | 900.0 |" in table
-    assert 'href="../../results/demo/speed.json"' in table
-    svgs = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
-    assert len(svgs) == 2
-    for svg in svgs:
-        ET.fromstring(svg)  # well-formed
-    assert svgs[1].count("<circle") == 2 and "脊点 175 FLOP/B" in svgs[1]
-    rows[1]["note"] = "x"  # a sparse column: "—" where a row lacks it
-    record["table"]["columns"].append({"key": "note", "label": "备注"})
-    assert "| a | 2.0 | — |\n| b | 900.0 | x |" in hook.table(record, page)
-    record["table"]["columns"].append({"key": "typo", "label": "?"})  # in no row: an error
-    with pytest.raises(KeyError, match="typo"):
-        hook.table(record, page)
+def test_hand_edited_value_fails_by_checksum(scratch):
+    edit(scratch / RESULT, '"n": 1024', '"n": 2048')
+    error, *also = gate.errors(scratch)  # the page cannot read it either
+    assert all("checksum mismatch" in e for e in also)
+    assert error.startswith(f"{RESULT}: checksum mismatch: the file was edited"), error
 
 
-def test_scatter_rows_sharing_a_label_are_one_series(scratch):
-    """Repeated labels (e.g. a model name per batch size) give one line each, named once."""
-    import xml.etree.ElementTree as ET
+def test_false_claim_names_page_and_line(scratch):
+    edit(scratch / "docs/posts/demo.md", "[impl=a].ms < speed", "[impl=a].ms > speed")
+    (error,) = gate.errors(scratch)
+    assert error.startswith("docs/posts/demo.md:11: claim does not hold"), error
 
-    hook = load_hook("results")
-    record = json.loads(measure(scratch).read_text(encoding="utf-8"))
-    record["table"] = {"columns": [{"key": "m", "label": "模型"}],
-                       "rows": [{"m": m, "b": b, "t": b * k} for m, k in (("A", 1.0), ("B", 2.0))
-                                for b in (1, 4, 64)]}  # fmt: skip
-    record["plot"] = {"kind": "scatter", "x": "b", "y": "t", "label": "m", "x_label": "batch",
-                      "y_label": "ms"}  # fmt: skip
-    page = fake_page("posts/demo.md")
-    (svg,) = re.findall(r"<svg.*?</svg>", hook.plot(record, page))
-    ET.fromstring(svg)
-    assert svg.count("<polyline") == 2 and svg.count("<circle") == 6
-    assert svg.count(">A<") == 1 and svg.count(">B<") == 1 and "对数轴" in svg
+
+def test_claim_is_judged_at_the_unfavourable_end(scratch):
+    """b's range is 1.98..2.04 ms; 'a takes under 1.0 ms' fails: a's slowest repeat is 1.02."""
+    edit(scratch / "docs/posts/demo.md", "< speed:rows[impl=b].ms", "< 1.0")
+    (error,) = gate.errors(scratch)
+    assert "claim does not hold" in error and "[0.99, 1.02] (n=5)" in error, error
+
+
+def test_indirect_import_change_makes_the_result_stale(scratch):
+    edit(scratch / "snippets/demo/helper.py", "def size():", "def size():  # tweak")
+    (error,) = gate.errors(scratch)
+    assert error.startswith(f"{RESULT}: stale: snippets/demo/helper.py changed"), error
+    assert "`nox -s tests -- --update-examples docs/posts/demo.md`" in error
+
+
+def test_data_file_change_and_new_import_make_the_result_stale(scratch):
+    edit(scratch / "data/demo.yaml", "1024", "1024  # same")
+    (scratch / "snippets/demo/extra.py").write_text("X = 1\n", encoding="utf-8")
+    edit(
+        scratch / "snippets/demo/record.py",
+        "from snippets.demo.helper",
+        "import snippets.demo.extra\nfrom snippets.demo.helper",
+    )
+    (error,) = gate.errors(scratch)
+    assert "data/demo.yaml" in error and "snippets/demo/extra.py (newly imported)" in error, error
+
+
+def test_unread_value_names_file_and_line(scratch):
+    edit(scratch / "snippets/demo/record.py", '"n": N,', '"n": N, "extra": 3,')
+    assert measure(scratch).returncode == 0
+    (error,) = gate.errors(scratch)
+    text = (scratch / RESULT).read_text(encoding="utf-8").splitlines()
+    line = next(i for i, t in enumerate(text, 1) if '"extra"' in t)
+    assert error.startswith(f"{RESULT}:{line}: value 'extra' is read by no page"), error
+
+
+def test_unknown_commit_fails(scratch):
+    (scratch / RESULT).unlink()  # an unchanged record is not rewritten
+    assert measure(scratch, commit="0" * 40).returncode == 0
+    (error,) = gate.errors(scratch)
+    assert error.startswith(f"{RESULT}: measured on commit 000000000000, which is not in"), error
+
+
+def test_presentation_changes_make_nothing_stale(scratch):
+    edit(scratch / "docs/posts/demo.md", "caption: 两种实现", "caption: 两种实现（新标题）")
+    edit(scratch / "docs/posts/demo.md", "{label: ms,", "{label: 毫秒,")
+    assert gate.errors(scratch) == []
+
+
+def test_missing_result_and_unshown_result(scratch):
+    edit(scratch / "docs/posts/demo.md", "{{ speed:n }}", "{{ speed:n }} {{ nope:x }}")
+    (error,) = gate.page_errors(scratch, scratch / "results")
+    assert error.startswith("docs/posts/demo.md:11: result 'nope':") and "no such result" in error
+    (scratch / "docs/posts/demo.md").write_text("# Demo\n", encoding="utf-8")
+    (error,) = gate.unread_errors(scratch, scratch / "results")
+    assert error.startswith(f"{RESULT}: no page shows this result"), error
+
+
+def test_malformed_and_old_schema_results_name_the_file(scratch):
+    path = scratch / RESULT
+    edit(path, '"values"', '"values" "')
+    (error,) = gate.record_errors(scratch, scratch / "results")
+    assert error.startswith(f"{RESULT}:") and "malformed JSON" in error, error
+    path.write_text('{"slug": "demo"}', encoding="utf-8")
+    (error,) = gate.record_errors(scratch, scratch / "results")
+    assert error.startswith(f"{RESULT}:1: schema None, expected 2"), error
+
+
+def test_computed_result_detects_drift_without_update(scratch):
+    edit(scratch / "data/demo.yaml", "1024", "2048")
+    env = {k: v for k, v in os.environ.items() if k != res.UPDATE_ENV}
+    env |= {"PYTHONPATH": str(scratch), res.COMMIT_ENV: git(scratch, "rev-parse", "HEAD"),
+            res.DIRTY_ENV: "0"}  # fmt: skip
+    run = subprocess.run([sys.executable, "-c", "import snippets.demo.record"], cwd=scratch,
+                         env=env, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode == 1
+    assert f"{RESULT}: the committed values differ from what the code computes now" in run.stderr
+
+
+# --------------------------------------------------------------------------- the runner side
+
+
+def test_wide_timing_spread_fails_naming_the_value(monkeypatch):
+    monkeypatch.setattr(res, "provenance", lambda *a, **k: {})
+    noisy = res.Stat.of([1.0, 1.0, 1.0, 1.0, 1.2], "gpu-graph")
+    steady = res.Stat.of([1.0, 1.01, 0.99, 1.0, 1.0], "gpu-graph")
+    res.build_record(
+        "measured", "demo", "x", {"ok": steady, "ratio": noisy / steady}, Path(__file__)
+    )
+    with pytest.raises(res.ResultError, match=r"rows\[0\]\.ms = 1 ±20\.0% \(n=5\)"):
+        res.build_record("measured", "demo", "x", {"rows": [{"ms": noisy}]}, Path(__file__))
+
+
+def test_measurements_are_written_by_the_runner_only(monkeypatch):
+    monkeypatch.delenv(res.RESULTS_DIR_ENV, raising=False)
+    with pytest.raises(res.ResultError, match="`nox -s gpu_docs -- demo`"):
+        res.write_result("demo", "x", {"a": 1})
+
+
+def test_stat_arithmetic_keeps_the_widest_range():
+    a = res.Stat(2.0, 1.9, 2.1, 7, "gpu-graph")
+    b = res.Stat(1.0, 0.95, 1.05, 5, "gpu-graph")
+    r = a / b
+    assert (r.median, r.n, r.derived) == (2.0, 5, True)
+    assert r.lo == pytest.approx(1.9 / 1.05) and r.hi == pytest.approx(2.1 / 0.95)
+    d = 1 - b / a
+    assert d.lo == pytest.approx(1 - 1.05 / 1.9) and d.hi == pytest.approx(1 - 0.95 / 2.1)
+    with pytest.raises(ZeroDivisionError):
+        a / res.Stat(0.0, -1.0, 1.0, 5)
+    with pytest.raises(ValueError, match="at least 5 repeats"):
+        res.Stat.of([1, 2, 3], "python")

@@ -1,0 +1,191 @@
+"""The page grammar, in one place: fences, their markers, includes, directives, slugs.
+
+A page is docs/posts/<slug>.md. Its fences are
+  ```python / ```py          executed (tests/pages.py), in page order, one namespace per page;
+                             an include fence holds only `--8<-- "snippets/x/y.py:section"` lines;
+  ```table NAME / ```plot NAME   result presentation, a YAML spec (snippets/common/claims.py);
+  ```bash, ```text, ...      shown only (NOT_RUN).
+The line above a fence may say why it is skipped: `<!-- skip: reason -->` always,
+`<!-- gpu: reason -->` without CUDA. Outside fences and code spans:
+  {{ NAME:path }} / {{ NAME:path:.1f }}   a number from results/<slug>/NAME.json;
+  <!-- claim: EXPR -->                    a claim about results, asserted (claims.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+PYTHON = {"python", "py", "python3", "py3"}
+DIRECTIVES = {"table", "plot"}  # result presentation, rendered by hooks/results.py
+# Fences in these languages are shown, never run. Anything else is an error (no silent gaps).
+NOT_RUN = {
+    "bash", "sh", "shell", "console", "text", "txt", "yaml", "yml", "json", "toml", "ini",
+    "mermaid", "diff", "markdown", "md", "c", "cpp", "cuda", "latex", "tex", "html", "css", "js",
+}  # fmt: skip
+SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+
+_OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
+_INCLUDE = re.compile(r'^--8<--\s+"(?P<target>[^"]+)"\s*$')
+_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu)\s*:(?P<reason>.*?)-->\s*$")
+_BARE_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu)\s*-->\s*$")
+SECTION = "--8<-- [{}:{}]"
+CLAIM = re.compile(r"<!--\s*claim:(?P<expr>.*?)-->", re.S)
+# NAME:path[:format]; NAME may be slug/name for another post's result
+REF = r"(?P<name>(?:[a-z][a-z0-9-]*/)?[a-z0-9][a-z0-9-]*):(?P<path>[\w.\[\]=,*\"'-]+?)"
+INLINE = re.compile(r"\{\{\s*" + REF + r"(?::(?P<fmt>[^}\s]+))?\s*\}\}")
+
+
+class PageError(Exception):
+    """A page is malformed; the message starts with ``path:line``."""
+
+
+def rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def package_of(slug: str) -> str:
+    return slug.replace("-", "_")
+
+
+def test_file_of(root: Path, slug: str) -> Path:
+    return root / "tests" / "snippets" / f"test_{package_of(slug)}.py"
+
+
+def post_slugs(root: Path) -> list[str]:
+    return sorted(p.stem for p in (root / "docs" / "posts").glob("*.md"))
+
+
+@dataclass
+class Fence:
+    path: Path
+    line: int  # 1-based line of the opening fence
+    end_line: int  # 1-based line of the closing fence
+    lang: str
+    info: str
+    indent: int
+    body: str  # dedented content
+    start: int  # char offsets of the whole fence in the page
+    end: int
+    body_start: int  # char offsets of the content
+    body_end: int
+    index: int = 0  # ordinal among the page's fences
+    skip: str | None = None  # reason, always skipped
+    gpu: str | None = None  # reason, skipped without CUDA
+
+    @property
+    def where(self) -> str:
+        return f"{rel(self.path)}:{self.line}"
+
+    @property
+    def argument(self) -> str | None:
+        """The word after the language: a directive's result name."""
+        parts = self.info.split()
+        return parts[1] if len(parts) > 1 else None
+
+    def includes(self) -> list[tuple[str, str | None]]:
+        """(file, section) per include line; [] for inline code; error on a mixed fence."""
+        lines = [ln for ln in self.body.splitlines() if ln.strip()]
+        found = [_INCLUDE.match(ln.strip()) for ln in lines]
+        if not any(found):
+            return []
+        if not all(found):
+            raise PageError(f"{self.where}: a fence mixes --8<-- includes with inline code")
+        out = []
+        for m in found:
+            target = m["target"]
+            file, _, section = target.partition(":")
+            if section and not re.fullmatch(r"[A-Za-z0-9_-]+", section):
+                raise PageError(f"{self.where}: include {target!r}: use a named section")
+            out.append((file, section or None))
+        return out
+
+
+def scan(path: Path, text: str | None = None) -> list[Fence]:
+    """Every fenced block of a page, with its language, position and skip marker."""
+    text = path.read_text(encoding="utf-8") if text is None else text
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for ln in lines:
+        offsets.append(offsets[-1] + len(ln))
+    fences: list[Fence] = []
+    i = 0
+    while i < len(lines):
+        m = _OPEN.match(lines[i].rstrip("\n"))
+        if not m:
+            i += 1
+            continue
+        indent, mark = m["indent"], m["fence"]
+        close = re.compile(rf"^{re.escape(indent)}{mark[0]}{{{len(mark)},}}[ \t]*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j].rstrip("\n")):
+            j += 1
+        if j == len(lines):
+            raise PageError(f"{rel(path)}:{i + 1}: fence opened here is never closed")
+        info = m["info"].strip()
+        lang = info.split()[0].lower() if info else ""
+        body_lines = [ln[len(indent) :] if ln.startswith(indent) else ln for ln in lines[i + 1 : j]]
+        fence = Fence(
+            path=path, line=i + 1, end_line=j + 1, lang=lang, info=info, indent=len(indent),
+            body="".join(body_lines), start=offsets[i], end=offsets[j + 1],
+            body_start=offsets[i + 1], body_end=offsets[j], index=len(fences),
+        )  # fmt: skip
+        k = i - 1
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        above = lines[k] if k >= 0 else ""
+        if _BARE_MARK.match(above):
+            kind = _BARE_MARK.match(above)["kind"]
+            raise PageError(f"{rel(path)}:{k + 1}: <!-- {kind}: --> needs a reason after the colon")
+        marker = _MARK.match(above)
+        if marker:
+            reason = marker["reason"].strip()
+            if not reason:
+                raise PageError(f"{rel(path)}:{k + 1}: <!-- {marker['kind']}: --> needs a reason")
+            setattr(fence, marker["kind"], reason)
+        fences.append(fence)
+        i = j + 1
+    return fences
+
+
+def check_language(fence: Fence) -> None:
+    if fence.lang in PYTHON or fence.lang in NOT_RUN:
+        return
+    if fence.lang in DIRECTIVES:
+        if not fence.argument:
+            raise PageError(f"{fence.where}: ```{fence.lang} needs a result name after it")
+        return
+    raise PageError(
+        f"{fence.where}: fence language {fence.lang or '(none)'!r} is neither executed Python "
+        f"nor a shown-only language ({', '.join(sorted(NOT_RUN))}); it would silently not run"
+    )
+
+
+def _blank(m: re.Match) -> str:
+    return re.sub(r"[^\n]", " ", m.group())
+
+
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)[^\n]+?(?<!`)\1(?!`)")  # one line: ours never wrap
+
+
+def prose(text: str, fences: list[Fence] | None = None, *, comments: bool = True) -> str:
+    """The page with fences, code spans (and HTML comments) blanked out: same length, same
+    newlines, so offsets and line numbers still hold."""
+    chars = list(text)
+    for f in fences if fences is not None else scan(Path("<page>"), text):
+        for i in range(f.start, f.end):
+            if chars[i] != "\n":
+                chars[i] = " "
+    out = "".join(chars)
+    out = _CODE_SPAN.sub(_blank, out)
+    if comments:
+        out = re.sub(r"<!--.*?-->", _blank, out, flags=re.S)
+    return out
+
+
+def line_of(text: str, offset: int) -> int:
+    return text.count("\n", 0, offset) + 1
