@@ -1,8 +1,10 @@
 """Sybil wiring: every page under docs/ is a test file; every python fence on it runs."""
 
 import os
+import sys
 from pathlib import Path
 
+import pytest
 from sybil import Sybil
 
 from tests import pages
@@ -27,3 +29,23 @@ pytest_collect_file = Sybil(
 ).pytest()
 
 pytest_plugins = ["pytester"]  # tests/test_machinery.py runs pytest on scratch sites
+
+
+def pytest_collection_modifyitems(config, items):
+    """`@pytest.mark.gpu` tests are skipped, with the reason, where there is no CUDA."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA: runs in `nox -s gpu_docs`")
+        for item in marked:
+            item.add_marker(skip)
+
+
+def pytest_terminal_summary(terminalreporter):
+    prose = sys.modules.get("tests.prose")
+    if prose is not None and prose.REPORT:
+        counts = ", ".join(f"{page} {n}" for page, n in sorted(prose.REPORT.items()) if n)
+        terminalreporter.write_line(f"prose: <!-- input: --> markers per page: {counts or 'none'}")

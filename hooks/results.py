@@ -30,7 +30,7 @@ from snippets.common.results import Stat, refresh_command, results_dir  # noqa: 
 PYTHON_MARK = "†"
 PYTHON_LEGEND = f"{PYTHON_MARK} 从 Python 计时：墙钟时间，含 CPU 一侧的开销"
 OVERLAP_MARK = "≈"
-OVERLAP_LEGEND = f"{OVERLAP_MARK} 同一行中标记的数值区间重叠：差异在测量散布之内"
+OVERLAP_LEGEND = f"{OVERLAP_MARK} 与同组中另一个值的区间重叠：两者之差在测量散布之内"
 
 
 def on_files(files: Files, config) -> Files:
@@ -83,15 +83,26 @@ def cell(value, col: dict, overlap: bool) -> str:
     return text.replace("|", "\\|")
 
 
-def _overlapping(row: dict, keys: list[str]) -> set[str]:
-    stats = {k: cl.as_stat(row.get(k)) for k in keys}
+def _overlaps(cells: dict) -> set:
+    """Keys of the cells (timings or numbers) whose range overlaps another's."""
+    stats = {k: cl.as_stat(v) for k, v in cells.items()}
     stats = {k: v for k, v in stats.items() if isinstance(v, Stat)}
-    out = set()
-    for a, x in stats.items():
-        for b, y in stats.items():
-            if a < b and x.lo <= y.hi and y.lo <= x.hi:
-                out |= {a, b}
-    return out
+    return {a for a, x in stats.items() for b, y in stats.items()
+            if a != b and x.lo <= y.hi and y.lo <= x.hi}  # fmt: skip
+
+
+def overlapping(rows: list[dict], compare) -> set[tuple[int, str]]:
+    """(row index, column) of the cells to mark. `compare: [a, b]` compares columns within each
+    row; `compare: {column: ms, within: op}` compares one column across the rows of each group."""
+    if not compare:
+        return set()
+    if isinstance(compare, list):
+        return {(i, k) for i, r in enumerate(rows) for k in _overlaps({c: r.get(c) for c in compare})}
+    col, within = compare["column"], compare.get("within")
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.get(within) if within else None, {})[i] = r.get(col)
+    return {(i, col) for cells in groups.values() for i in _overlaps(cells)}
 
 
 def provenance_line(records: list[dict], page) -> str:
@@ -121,7 +132,7 @@ def provenance_line(records: list[dict], page) -> str:
 def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = True) -> str:
     cols = cl.table_columns(d)
     rows = cl.rows_of(slug, d, results)
-    compare = list(d.spec.get("compare") or [])
+    marked = overlapping(rows, d.spec.get("compare"))
     text_cols = {k for k, _ in cols if any(isinstance(r.get(k), str) for r in rows)}
     lines = [f"**{d.spec['caption']}**", ""] if d.spec.get("caption") else []
     lines += [
@@ -129,10 +140,9 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
         "|" + "".join(":---|" if k in text_cols else "---:|" for k, _ in cols),
     ]
     marks = set()
-    for r in rows:
-        overlap = _overlapping(r, compare)
-        cells = [cell(r.get(k), c, k in overlap) for k, c in cols]
-        marks |= {OVERLAP_MARK} if overlap else set()
+    for i, r in enumerate(rows):
+        cells = [cell(r.get(k), c, (i, k) in marked) for k, c in cols]
+        marks |= {OVERLAP_MARK} if any(j == i for j, _ in marked) else set()
         marks |= {
             PYTHON_MARK for k, _ in cols if getattr(cl.as_stat(r.get(k)), "clock", 0) == "python"
         }

@@ -28,7 +28,12 @@ INPUT = re.compile(r"<!--\s*input\s*:(?P<reason>.*?)-->", re.S)
 CITATION = re.compile(r"\]\((?:https?://|[^)]*#(?:ref|参考))|\[\^[^\]]+\]")
 MATH = re.compile(r"\$\$.*?\$\$|(?<!\\)\$[^$\n]+?\$|\\\(.*?\\\)|\\\[.*?\\\]", re.S)
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
-SENTENCE_END = re.compile(r"[。！？；]|(?<=[a-z\u4e00-\u9fff)])\.(?=\s)")
+# a sentence ends at 。！？； (or ". "), and takes the comments right after it (its claim, marker)
+SENTENCE_END = re.compile(r"(?:[。！？；]|(?<=[a-z\u4e00-\u9fff)])\.(?=\s))(?:[ \t\n]*<!--.*?-->)*", re.S)
+HEADING_NUMBER = re.compile(r"^(#{1,6}[ \t]+)([\d.]+)(?=[ \t])", re.M)
+
+
+REPORT: dict[str, int] = {}  # page -> number of <!-- input: --> markers (conftest prints it)
 
 
 @dataclass
@@ -87,6 +92,7 @@ def lint(path: Path, text: str | None = None) -> tuple[list[Finding], int]:
         _blank, LINK_TARGET.sub(lambda m: "](" + " " * (len(m.group()) - 2), visible)
     )
     visible = re.sub(r"<[^>\n]+>", _blank, visible)  # HTML tags (and their attributes)
+    visible = HEADING_NUMBER.sub(lambda m: m[1] + " " * len(m[2]), visible)  # "## 2.1 ..."
     found = []
     for start, end in units(keep_comments):
         sentence = keep_comments[start:end]

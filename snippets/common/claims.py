@@ -34,6 +34,8 @@ CLAIM_REF = re.compile(
 _SEGMENT = re.compile(r"(?P<key>[\w-]+)?(?:\[(?P<sel>[^\]]*)\])?$")
 TABLE_KEYS = {"rows", "caption", "note", "columns", "compare", "where"}
 PLOT_KEYS = {"rows", "caption", "note", "map", "roof", "where"}  # besides Vega-Lite's own
+MARKS = {"arc", "area", "bar", "boxplot", "circle", "errorband", "errorbar", "geoshape", "image",
+         "line", "point", "rect", "rule", "square", "text", "tick", "trail"}  # fmt: skip
 
 
 class SpecError(ValueError):
@@ -512,9 +514,16 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
                     format(sample, col["format"])
                 except (ValueError, TypeError) as exc:
                     raise SpecError(f"column {key!r}: format {col['format']!r}: {exc}") from None
-        for key in d.spec.get("compare") or []:
-            if key not in dict(cols):
-                raise SpecError(f"compare: {key!r} is not a column")
+        compare = d.spec.get("compare")
+        if isinstance(compare, dict):
+            if set(compare) - {"column", "within"} or "column" not in compare:
+                raise SpecError("compare: needs [columns] or {column: key, within: key}")
+            keys = [compare["column"]] + ([compare["within"]] if "within" in compare else [])
+        else:
+            keys = list(compare or [])
+        for key in keys:
+            if not any(key in r for r in rows):
+                raise SpecError(f"compare: {key!r} is in no row")
         return None
     if d.kind == "plot":
         rows = rows_of(slug, d, results)
@@ -527,6 +536,12 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
                             f"{d.name}:{d.spec['rows']}")  # fmt: skip
         if "mark" not in d.spec and "layer" not in d.spec:
             raise SpecError("```plot needs a Vega-Lite `mark:` (or `layer:`)")
+        for layer in [d.spec, *(d.spec.get("layer") or [])]:
+            mark = layer.get("mark") if isinstance(layer, dict) else None
+            kind = mark.get("type") if isinstance(mark, dict) else mark
+            if mark is not None and kind not in MARKS:
+                known = ", ".join(sorted(MARKS))
+                raise SpecError(f"unknown Vega-Lite mark {kind!r} (one of {known})")
         roof = d.spec.get("roof")
         if roof is not None:
             if not isinstance(roof, dict) or set(roof) != {"bandwidth", "peak"}:
@@ -596,9 +611,12 @@ def reads(page: Path) -> dict[tuple[str, str], set[str]]:
             own = {k: v for k, v in d.spec.items() if k not in PLOT_KEYS}
             fields = set(d.spec.get("columns") or {}) if d.kind == "table" else plot_fields(own)
             fields |= set(d.spec.get("where") or {})
+            compare = d.spec.get("compare") or []
+            fields |= set(compare.values() if isinstance(compare, dict) else compare)
             for f in fields:
                 base = re.sub(r"_(lo|hi)$", "", f)
-                add(d.name, f"{rows}[*].{base}" if rows else base)
+                where = f"{rows}.{base}" if rows.endswith("]") else f"{rows}[*].{base}"
+                add(d.name, where if rows else base)
             for p in (d.spec.get("roof") or {}).values():
                 add(d.name, p)
     return out

@@ -263,6 +263,12 @@ def wait_ready(page, timeout_ms: int = READY_TIMEOUT_MS) -> None:
     """
     expected = len(page_source(page)["mermaid"])
     start = page.evaluate("Date.now()")
+    with contextlib.suppress(Exception):  # vega-embed draws asynchronously, or reports an error
+        page.wait_for_function(
+            """() => [...document.querySelectorAll(".result-plot")]
+                       .every((b) => b.dataset.rendered === "1" || b.dataset.error)""",
+            timeout=timeout_ms,
+        )
     # KaTeX runs synchronously when Material publishes the page (document$), so a formula that
     # is still raw after a moment stays raw; mermaid renders asynchronously, or rejects.
     with contextlib.suppress(Exception):
@@ -294,6 +300,14 @@ _KATEX_JS = _js("katex.js")
 def check_katex(page) -> list[str]:
     """Every formula is typeset by KaTeX: no raw \\( \\[ $$ left, no KaTeX error spans."""
     return page.evaluate(_KATEX_JS)
+
+
+_PLOTS_JS = _js("plots.js")
+
+
+def check_plots(page) -> list[str]:
+    """Every result plot is drawn (SVG with axes and marks) by vega-embed, without error."""
+    return page.evaluate(_PLOTS_JS, page_source(page)["plots"])
 
 
 _COPY_JS = _js("copy.js")
@@ -356,7 +370,7 @@ def navigate_instantly(page, url: str) -> list[str]:
 
 # --------------------------------------------------------------------------- visiting pages
 
-CHECKS = ("mermaid", "katex", "network", "console", "copy")
+CHECKS = ("mermaid", "katex", "plots", "network", "console", "copy")
 
 
 @dataclass
@@ -453,6 +467,7 @@ class Visitor:
             visit.problems["mermaid"] = nav_problems + check_scheme(page, scheme)
             visit.problems["mermaid"] += check_mermaid(page)
             visit.problems["katex"] = check_katex(page)
+            visit.problems["plots"] = check_plots(page)
             visit.problems["copy"] = check_copy_buttons(page)
             visit.problems["network"] = guard.network_problems()
             visit.problems["console"] = guard.console_problems()

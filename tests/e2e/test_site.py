@@ -66,6 +66,12 @@ def test_formulas_typeset(page_visits, page_path):
     assert not problems, "\n" + problems
 
 
+def test_plots_render(page_visits, page_path):
+    """Every result plot is drawn by the vendored vega-embed, light and dark, direct and instant."""
+    problems = report(page_visits(page_path), "plots")
+    assert not problems, "\n" + problems
+
+
 def test_no_foreign_requests_no_console_errors(page_visits, page_path):
     """Only 127.0.0.1 is contacted (others are blocked and reported); no console/page errors."""
     problems = report(page_visits(page_path), "network", "console")

@@ -1,0 +1,105 @@
+"""hooks/results.py renders what a page declares: tables with spreads and marks, Vega-Lite
+specs with error bars and a roofline, numbers with their range on hover, claims as a check."""
+
+import json
+import re
+
+import pytest
+
+from snippets.common import claims as cl
+from tests.hooks import fake_page, load_hook
+
+PROV = {"gpu": "NVIDIA H200", "driver": "580", "cuda": "13.0", "torch": "2.11", "triton": "3.6",
+        "python": "3.12", "date": "2026-12-03T10:00:00Z", "commit": "a" * 40, "dirty": False,
+        "measured_by": "snippets/demo/bench.py", "wall_s": 3.0}  # fmt: skip
+VALUES = {
+    "copy_tb_s": 4.25,
+    "peak_tflops": 700.0,
+    "rows": [
+        {"impl": "ours", "x": 1.0, "ms": {"median": 1.0, "lo": 0.99, "hi": 1.01, "n": 7}},
+        {"impl": "a|b", "x": 300.0, "ms": {"median": 1.005, "lo": 0.98, "hi": 1.03, "n": 7,
+                                          "clock": "python"}},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture
+def hook():
+    return load_hook("results")
+
+
+@pytest.fixture
+def results(tmp_path):
+    record = {"kind": "measured", "slug": "demo", "name": "r", "values": VALUES, "provenance": PROV}
+    return cl.Results(base=tmp_path, loaded={("demo", "r"): record})
+
+
+def directive(kind, body):
+    import yaml
+
+    return cl.Directive(kind, 1, "r", body, spec=yaml.safe_load(body))
+
+
+def test_table_shows_spread_marks_and_escapes_pipes(hook, results):
+    d = directive("table", "rows: rows\ncaption: 标题\n"
+                           "columns:\n  impl: {label: 实现, map: {ours: 本文}}\n"
+                           "  ms: {label: 时间 (ms), format: .3f}\n")  # fmt: skip
+    text = hook.table("demo", d, results, fake_page("posts/demo.md"))
+    assert "**标题**" in text
+    assert "| 实现 | 时间 (ms) |\n|:---|---:|" in text
+    assert "| 本文 | 1.000 ±1.0% |" in text
+    assert "| a\\|b | 1.005 ±2.5%† |" in text  # a literal | cannot split the row
+    assert "† 从 Python 计时" in text and "≈" not in text
+    assert 'href="../../results/demo/r.json"' in text and "commit aaaaaaaaaa" in text
+
+
+def test_compare_marks_overlapping_cells(hook, results):
+    """0.99..1.01 and 0.98..1.03 overlap: within 'their spread' of each other; x does not."""
+    page = fake_page("posts/demo.md")
+    d = directive("table", "rows: rows\ncompare: {column: ms}\ncolumns: {impl: i, ms: t, x: x}\n")
+    rows = hook.table("demo", d, results, page, prov=False).split("\n")[2:4]
+    assert rows == ["| ours | ≈ 1 ±1.0% | 1 |", "| a\\|b | ≈ 1 ±2.5%† | 300 |"]
+    d = directive("table", "rows: rows\ncompare: {column: x}\ncolumns: {impl: i, x: x}\n")
+    assert "≈" not in hook.table("demo", d, results, page, prov=False)
+    d = directive("table", "rows: rows\ncompare: [ms, x]\ncolumns: {impl: i, ms: t, x: x}\n")
+    rows = hook.table("demo", d, results, page, prov=False).split("\n")[2:4]
+    assert rows[0] == "| ours | ≈ 1 ±1.0% | ≈ 1 |" and "≈" not in rows[1]  # 1.0 in 0.99..1.01
+
+
+def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
+    d = directive("plot", "rows: rows\nmap: {impl: {ours: 本文}}\nroof: {bandwidth: copy_tb_s, "
+                          "peak: peak_tflops}\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "  y: {field: ms, type: quantitative}\n"
+                          "  color: {field: impl, type: nominal}\n")  # fmt: skip
+    spec = hook.vega_spec("demo", d, results)
+    rows = spec["data"]["values"]
+    assert rows[0] == {"impl": "本文", "x": 1.0, "ms": 1.0, "ms_lo": 0.99, "ms_hi": 1.01}
+    roof, points, bars = spec["layer"]
+    assert roof["data"]["values"][1] == {"x": 700.0 / 4.25, "ms": 700.0}  # the ridge
+    assert points["mark"]["type"] == "point" and points["mark"]["tooltip"]
+    assert bars["mark"]["type"] == "errorbar"
+    assert bars["encoding"]["y"]["field"] == "ms_lo" and bars["encoding"]["y2"]["field"] == "ms_hi"
+    html = hook.plot("demo", d, results, fake_page("posts/demo.md"))
+    payload = re.search(r'<script type="application/json">(.*?)</script>', html).group(1)
+    assert json.loads(payload) == json.loads(json.dumps(spec))
+
+
+def test_numbers_show_their_range_and_claims_their_expression(hook):
+    text = hook.number(VALUES["rows"][1]["ms"], ".2f")
+    assert text.startswith('<span class="measured" title="中位数；7 次重复，范围 0.98–1.03')
+    assert "从 Python 计时" in text and text.endswith(">1.00</span>")
+    assert hook.number(4.25, ".1f") == "4.2"
+    badge = hook.claim(cl.Directive("claim", 1, None, "r:a < r:b"))
+    assert "已断言：r:a &lt; r:b" in badge and badge.endswith(">✓</span>")
+
+
+def test_page_render_and_failure_name_the_line(hook, tmp_path, monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    page = fake_page("posts/demo.md")
+    monkeypatch.setattr(hook, "ROOT", tmp_path)
+    scratch = cl.Results  # the hook builds one per page: point it at an empty scratch folder
+    monkeypatch.setattr(hook.cl, "Results", lambda **kw: scratch(base=tmp_path / "results"))
+    with pytest.raises(PluginError, match=r"docs/posts/demo.md:3: result 'nope':.*gpu_docs -- demo"):
+        hook.on_page_markdown("# D\n\n{{ nope:x }}\n", page, None, None)
