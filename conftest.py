@@ -19,6 +19,7 @@ if "TRITON_INTERPRET" not in os.environ:  # CPU machines run Triton kernels in t
 
 def pytest_configure(config):
     pages.UPDATE = bool(config.getoption("update_examples", False))
+    pages.FULL_TRACE = bool(config.getoption("fulltrace", False))
     if pages.UPDATE:  # computed results (snippets/common/results.py) are rewritten too
         os.environ["HANDBOOK_UPDATE_RECORDS"] = "1"
     pages.install_finder(ROOT)

@@ -23,7 +23,9 @@ os.environ.setdefault("NO_MKDOCS_2_WARNING", "1")
 
 
 def install(session: nox.Session, *groups: str) -> None:
-    session.install(*nox.project.dependency_groups(PYPROJECT, *groups))
+    """pip install of dependency groups, pip's progress shown (a cold install takes minutes)."""
+    session.install(*nox.project.dependency_groups(PYPROJECT, *groups), "--progress-bar", "off",
+                    silent=False)  # fmt: skip
 
 
 def npm_assets(session: nox.Session) -> None:
@@ -233,6 +235,26 @@ def gpu_docs(session: nox.Session) -> None:
         session.error(f"gpu_docs: failed: {', '.join(failed)}")
 
 
+def venv_python(session: nox.Session) -> str:
+    """The `tests` session's interpreter (made once with --install-only when it is missing)."""
+    python = ROOT / ".nox" / "tests" / "bin" / "python"
+    if not python.exists():
+        session.log("check: creating the tests venv once (nox -s tests --install-only)")
+        session.run(sys.executable, "-m", "nox", "-s", "tests", "--install-only", external=True)
+    return str(python)
+
+
+@nox.session(venv_backend="none", default=False)
+def check(session: nox.Session) -> None:
+    """One post, fast, every fault on one line: `nox -s check -- <slug>... [--full-trace]`."""
+    if not session.posargs:
+        session.error("usage: nox -s check -- <slug> [<slug>...] [--full-trace]")
+    python = venv_python(session)
+    npm_assets(session)
+    env = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    session.run(python, "-m", "tests.check", *session.posargs, env=env, external=True)
+
+
 @nox.session(venv_backend="none", default=False)
 def compare(session: nox.Session) -> None:
     """How far two runs agree: `nox -s compare -- RUN_A [RUN_B]` (RUN_B defaults to results/)."""
@@ -241,7 +263,14 @@ def compare(session: nox.Session) -> None:
     session.run(sys.executable, "-m", "tests.compare", *session.posargs)
 
 
-TEMPLATE_PAGE = """# {title}
+TEMPLATE_PAGE = """---
+title: {quoted}
+summary: 读完本文，你能……（一句话：读者读完能做什么）
+prerequisites: []
+series: {series}
+---
+
+# {title}
 
 一句话说明这篇文章要证明什么。
 
@@ -280,10 +309,24 @@ def test_double():
 '''
 
 
+def series_position(root: Path, slug: str) -> int:
+    """The post's place in the planned series (data/taxonomy.yaml), else after every post."""
+    planned = re.findall(r"^  - \{slug: ([a-z0-9-]+),", (root / "data" / "taxonomy.yaml").read_text(
+        encoding="utf-8"), re.M)  # fmt: skip
+    if slug in planned:
+        return planned.index(slug) + 1
+    pages = [p.read_text(encoding="utf-8") for p in (root / "docs" / "posts").glob("*.md")]
+    taken = [int(m) for text in pages for m in re.findall(r"^series:\s*(\d+)", text, re.M)]
+    return max([len(planned), *taken]) + 1
+
+
 def scaffold(root: Path, slug: str, title: str) -> list[Path]:
-    """Write a post's page, snippet package and test, and add it to the nav. ValueError if not."""
+    """Write a post's page (with front matter), snippet package and test: nothing else; the nav,
+    the home page and the series derive from the page. ValueError if it cannot."""
     if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", slug):
         raise ValueError(f"slug {slug!r} must be lowercase words joined by '-'")
+    if not title.strip() or "\n" in title:
+        raise ValueError(f"title {title!r} must be one non-empty line")
     package = slug.replace("-", "_")
     page = root / "docs" / "posts" / f"{slug}.md"
     pkg = root / "snippets" / package
@@ -291,20 +334,14 @@ def scaffold(root: Path, slug: str, title: str) -> list[Path]:
     existing = [str(p.relative_to(root)) for p in (page, pkg, test) if p.exists()]
     if existing:
         raise ValueError(f"already exists: {', '.join(existing)}")
-    config = root / "mkdocs.yml"
-    text = config.read_text(encoding="utf-8")
-    section = re.search(r"^  - 系列文章:\n(?:      - .*\n)*", text, flags=re.M)
-    if not section:
-        raise ValueError("mkdocs.yml has no '  - 系列文章:' nav section")
-    fmt = {"title": title, "package": package}
+    fmt = {"title": title, "quoted": json.dumps(title, ensure_ascii=False), "package": package,
+           "series": series_position(root, slug)}  # fmt: skip
     page.write_text(TEMPLATE_PAGE.format(**fmt), encoding="utf-8")
     pkg.mkdir()
     (pkg / "__init__.py").write_text(f'"""{title} ({slug}) snippets."""\n', encoding="utf-8")
     (pkg / "example.py").write_text(TEMPLATE_SNIPPET.format(**fmt), encoding="utf-8")
     test.write_text(TEMPLATE_TEST.format(**fmt), encoding="utf-8")
-    entry = f"      - {title}: posts/{slug}.md\n"
-    config.write_text(text[: section.end()] + entry + text[section.end() :], encoding="utf-8")
-    return [page, pkg / "__init__.py", pkg / "example.py", test, config]
+    return [page, pkg / "__init__.py", pkg / "example.py", test]
 
 
 @nox.session(venv_backend="none", default=False)
@@ -319,12 +356,13 @@ def new_post(session: nox.Session) -> None:
         session.error(f"new_post: {exc}")
     for path in written:
         session.log(f"wrote {path.relative_to(ROOT)}")
-    session.log(f"next: edit them, then `nox -s tests -- docs/posts/{slug}.md`")
+    session.log(f"next: edit them, then `nox -s check -- {slug}` (seconds) and `nox -s tests`")
 
 
 # Browser suite (tests/e2e): Debian's Chromium driven by Playwright (its own browser download is
 # not used), a CJK font so that screenshots show Chinese, not boxes.
-BROWSER = os.environ.get("HANDBOOK_CHROMIUM", "/usr/bin/chromium")
+from tests.e2e.checks import CHROMIUM as BROWSER  # noqa: E402  (stdlib only: one place)
+
 BROWSER_PACKAGES = ["chromium", "fonts-noto-cjk"]
 
 

@@ -24,14 +24,14 @@ from mkdocs.exceptions import PluginError
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from snippets.common import markup  # noqa: E402
+from snippets.common import taxonomy_render as render  # noqa: E402
 from snippets.common.hardware import HardwareDataError, load_hardware  # noqa: E402
-from snippets.tech_map import render  # noqa: E402
-from snippets.tech_map.data import DataError, load_all  # noqa: E402
+from snippets.common.taxonomy import DataError, load_all  # noqa: E402
 
 MARKER = re.compile(r"^[ \t]*<!--\s*data\s*:\s*(?P<body>.*?)\s*-->[ \t]*$", re.M)
 REGISTRY = re.compile(r"^<!--\s*anchors:.*?-->[ \t]*\n?", re.M | re.S)
-FENCE = re.compile(r"^[ \t]*(```|~~~)")
-REFRESH = "python -m snippets.tech_map.render --write-anchors"
+REFRESH = "python -m snippets.common.taxonomy_render --write-anchors"
 KINDS = {
     "panorama": (), "classification": tuple(render.DIMENSIONS), "graph": (),
     "decision-flow": (), "scenarios": (), "series-map": (), "glossary": (),
@@ -73,19 +73,8 @@ def links_for(page, files) -> render.Links:
 
 def markers(markdown: str):
     """(match, line) for every data marker outside fenced code."""
-    fenced, out = set(), []
-    inside = False
-    for n, line in enumerate(markdown.splitlines(), 1):
-        if FENCE.match(line):
-            inside = not inside
-            fenced.add(n)
-        elif inside:
-            fenced.add(n)
-    for m in MARKER.finditer(markdown):
-        line = markdown.count("\n", 0, m.start()) + 1
-        if line not in fenced:
-            out.append((m, line))
-    return out
+    visible = markup.prose(markdown, comments=False)
+    return [(m, markup.line_of(markdown, m.start())) for m in MARKER.finditer(visible)]
 
 
 def expand(kind: str, arg: str | None, links: render.Links) -> str:
@@ -101,7 +90,9 @@ def expand(kind: str, arg: str | None, links: render.Links) -> str:
     if kind == "scenarios":
         return render.scenarios(t, g, links)
     if kind == "series-map":
-        return render.series_map(t, links)
+        planned = set(t.slugs())
+        extra = [(p.slug, p.heading) for p in markup.series(ROOT) if p.slug not in planned]
+        return render.series_map(t, links, extra)
     return render.glossary_page(g, t, hw, links)
 
 

@@ -97,7 +97,9 @@ def overlapping(rows: list[dict], compare) -> set[tuple[int, str]]:
     if not compare:
         return set()
     if isinstance(compare, list):
-        return {(i, k) for i, r in enumerate(rows) for k in _overlaps({c: r.get(c) for c in compare})}
+        return {
+            (i, k) for i, r in enumerate(rows) for k in _overlaps({c: r.get(c) for c in compare})
+        }
     col, within = compare["column"], compare.get("within")
     groups: dict = {}
     for i, r in enumerate(rows):

@@ -1,6 +1,6 @@
 """Executed pages: find the fences of a Markdown page and run its Python ones with Sybil.
 
-Rules (DESIGN.md): every python fence runs, in page order, in one namespace per page; an
+Rules (docs/contributing.md): every python fence runs, in page order, in one namespace per page; an
 include fence (``--8<-- "snippets/x/y.py:section"``) imports the included file, which runs
 whole once per test run (SnippetFinder: a unit test importing it first does not cause a second
 run) and whose recorded prints the page checks; a fence is skipped only when the line above
@@ -15,6 +15,9 @@ import difflib
 import importlib
 import importlib.abc
 import importlib.machinery
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +31,7 @@ from snippets.common.markup import (
     NOT_RUN,
     PYTHON,
     SECTION,
+    SHELL,
     Fence,
     PageError,
     check_language,
@@ -37,6 +41,8 @@ from snippets.common.markup import (
 
 EXAMPLES_CONFIG = ExamplesConfig(line_length=100, target_version="py311", ruff_line_length=100)
 UPDATE = False  # set from --update-examples by conftest.py
+FULL_TRACE = False  # set from --full-trace: show tracebacks instead of one line per fault
+PRINTS_DUMP = "HANDBOOK_PRINTS_DUMP"  # a file: every printed value is appended to it
 __all__ = ["NOT_RUN", "PYTHON", "Fence", "PageError", "check_language", "scan"]
 
 
@@ -75,6 +81,13 @@ def _check_prints(printer: InsertPrintStatements, code: CodeExample, where: str)
     Returns the source with fresh ``#>`` comments in update mode, None when nothing changed.
     """
     __tracebackhide__ = True
+    dump = os.environ.get(PRINTS_DUMP)
+    if dump:  # `nox -s check` runs a page twice and compares what it printed
+        with open(dump, "a", encoding="utf-8") as f:
+            for st in printer.print_statements():
+                f.write(
+                    json.dumps([rel(code.path), st.line_no, str(st)], ensure_ascii=False) + "\n"
+                )
     new = printer.updated_print_statements(code)
     if new is None or UPDATE:
         return new
@@ -154,8 +167,86 @@ def run_inline(fence: Fence, namespace: dict) -> str | None:
     return new[len(pad) :] if new is not None else None
 
 
+SHELL_TIMEOUT_S = 120
+_SPLIT = "\x1ehandbook-command-boundary\x1e"
+
+
+def shell_commands(fence: Fence) -> list[tuple[int, str, list[str]]]:
+    """(line, command, expected output lines) of a bash or console fence.
+
+    bash: every line that is not a `#>` line is part of a command (a trailing backslash
+    continues it); the `#>` lines after a command are its expected output.
+    console: `$ command` lines; the lines up to the next `$` are its expected output.
+    """
+    out: list[tuple[int, str, list[str]]] = []
+    cont = False
+    for i, raw in enumerate(fence.body.splitlines()):
+        line = fence.line + 1 + i
+        text = raw.rstrip()
+        if fence.lang == "console":
+            if text.startswith("$ "):
+                out.append((line, text[2:], []))
+            elif out:
+                out[-1][2].append(text)
+            elif text:
+                raise PageError(
+                    f"{rel(fence.path)}:{line}: a console fence starts with '$ command'"
+                )
+            continue
+        if text.lstrip().startswith("#>") and not cont:
+            if not out:
+                raise PageError(f"{rel(fence.path)}:{line}: '#>' output before any command")
+            out[-1][2].append(text.lstrip()[3:] if text.lstrip() != "#>" else "")
+        elif cont:
+            out[-1] = (out[-1][0], out[-1][1] + "\n" + text, out[-1][2])
+        elif text and not text.lstrip().startswith("#"):
+            out.append((line, text, []))
+        cont = text.endswith("\\")
+    return [(n, cmd, [e for e in exp]) for n, cmd, exp in out]
+
+
+def run_shell(fence: Fence, root: Path) -> str | None:
+    """Run a shell fence's commands in one bash (in the repository root, `set -e`), check each
+    command's output against its expected lines; returns the rewritten body in update mode."""
+    commands = shell_commands(fence)
+    script = "set -eo pipefail\n" + "".join(
+        f"{cmd}\nprintf '{_SPLIT}\\n'\n" for _, cmd, _ in commands
+    )
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    try:
+        proc = subprocess.run(["bash", "-c", script], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=SHELL_TIMEOUT_S)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(
+            f"{fence.where}: the commands ran longer than {SHELL_TIMEOUT_S} s", pytrace=False
+        )
+    outputs = proc.stdout.split(_SPLIT + "\n")
+    done = len(outputs) - 1
+    if proc.returncode != 0:
+        line, cmd, _ = commands[min(done, len(commands) - 1)]
+        detail = (proc.stderr.strip().splitlines() or ["(no error output)"])[-1]
+        pytest.fail(f"{rel(fence.path)}:{line}: `{cmd.splitlines()[0]}` exited with "
+                    f"{proc.returncode}: {detail}", pytrace=False)  # fmt: skip
+    new_body, changed = [], False
+    for (line, cmd, expected), printed in zip(commands, outputs, strict=False):
+        got = printed.rstrip("\n").splitlines() if printed.strip() else []
+        if got != expected:
+            changed = True
+            if not UPDATE:
+                diff = difflib.unified_diff(expected, got, "expected", "printed", lineterm="", n=1)
+                first = cmd.splitlines()[0]
+                message = f"{rel(fence.path)}:{line}: output of `{first}` differs (rewrite it "
+                message += "with --update-examples)\n" + "\n".join(diff)
+                pytest.fail(message, pytrace=False)
+        if fence.lang == "console":
+            new_body += [f"$ {cmd}", *got]
+        else:
+            new_body += [cmd, *(f"#> {g}".rstrip() for g in got)]
+    return "\n".join(new_body) + "\n" if changed else None
+
+
 class PageParser:
-    """Sybil parser: one region per python fence; errors for malformed pages."""
+    """Sybil parser: one region per python or shell fence; errors for malformed pages."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -165,23 +256,46 @@ class PageParser:
         for fence in scan(path, document.text):
             if fence.lang in PYTHON:
                 yield Region(fence.start, fence.end, fence, self.evaluate)
+            elif fence.lang in SHELL:
+                yield Region(fence.start, fence.end, fence, self.evaluate_shell)
+
+    def evaluate_shell(self, example) -> None:
+        __tracebackhide__ = True
+        fence: Fence = example.parsed
+        if fence.problem:
+            pytest.fail(fence.problem, pytrace=False)
+        if fence.skip:
+            pytest.skip(f"{fence.where}: {fence.skip}")
+        if fence.gpu and not _cuda():
+            pytest.skip(f"{fence.where}: needs CUDA: {fence.gpu}")
+        new = run_shell(fence, self.root)
+        if new is not None and UPDATE:
+            _rewrite_fence(fence, new)
 
     def evaluate(self, example) -> None:
         __tracebackhide__ = True
         fence: Fence = example.parsed
+        if fence.problem:
+            pytest.fail(fence.problem, pytrace=False)
         if fence.skip:
             pytest.skip(f"{fence.where}: {fence.skip}")
         if fence.gpu and not _cuda():
             pytest.skip(f"{fence.where}: needs CUDA: {fence.gpu}")
         try:
             self._run(fence, example.namespace)
-        except (PageError, pytest.fail.Exception, pytest.skip.Exception):
+            return
+        except PageError as exc:
+            message = str(exc)
+        except (pytest.fail.Exception, pytest.skip.Exception):
             raise
-        except Exception as exc:  # show only the frames of the page and its snippets
-            tb = exc.__traceback__
-            while tb and not _is_user_code(tb.tb_frame.f_code.co_filename, self.root):
-                tb = tb.tb_next
-            raise exc.with_traceback(tb or exc.__traceback__) from None
+        except Exception as exc:
+            if FULL_TRACE:  # --full-trace: the frames of the page and its snippets
+                tb = exc.__traceback__
+                while tb and not _is_user_code(tb.tb_frame.f_code.co_filename, self.root):
+                    tb = tb.tb_next
+                raise exc.with_traceback(tb or exc.__traceback__) from None
+            message = one_line(exc, fence, self.root)
+        pytest.fail(message, pytrace=False)  # outside the except: no chained traceback
 
     def _run(self, fence: Fence, namespace: dict) -> None:
         includes = fence.includes()
@@ -196,6 +310,23 @@ class PageParser:
             if target not in done:
                 done.add(target)
                 run_include(self.root, target, namespace, rel(fence.path))
+
+
+def one_line(exc: BaseException, fence: Fence, root: Path) -> str:
+    """`file:line: Type: message` at the innermost line of the page or its snippets (the whole
+    traceback is behind pytest's --full-trace)."""
+    where = fence.where
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        where = f"{rel(Path(exc.filename))}:{exc.lineno}"
+        message = exc.msg
+    else:
+        tb = exc.__traceback__
+        while tb is not None:
+            if _is_user_code(tb.tb_frame.f_code.co_filename, root):
+                where = f"{rel(Path(tb.tb_frame.f_code.co_filename))}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{where}: {type(exc).__name__}: {message}".rstrip(": ")
 
 
 def _rewrite_fence(fence: Fence, body: str) -> None:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
 from markdown.extensions.toc import slugify
 
+from snippets.common import markup
 from tests.pages import PYTHON, PageError, check_language, resolve_include, scan
 
 # Snippet files that need not be shown: package markers and the shared helpers.
@@ -93,16 +96,23 @@ def nav_entries(root: Path) -> list[str]:
 
 
 def nav_errors(root: Path) -> list[str]:
-    """Every page is in the nav, and every nav entry exists."""
+    """Every page is in the nav and every nav entry exists. Posts are in it by derivation
+    (hooks/posts.py, from their front matter): theirs must be valid."""
     entries = nav_entries(root)
     docs = root / "docs"
     errors = []
     for page in pages(root):
+        if page.parent == docs / "posts":
+            continue
         if page.relative_to(docs).as_posix() not in entries:
             errors.append(f"{rel(root, page)}:1: page is not in the nav of mkdocs.yml")
     for entry in entries:
         if not entry.startswith(("http://", "https://")) and not (docs / entry).is_file():
             errors.append(f"mkdocs.yml: nav entry {entry!r} has no file docs/{entry}")
+    try:
+        markup.series(root)
+    except markup.PageError as exc:
+        errors.append(str(exc).replace(str(root) + "/", ""))
     return errors
 
 
@@ -145,4 +155,81 @@ def link_errors(root: Path) -> list[str]:
     return errors
 
 
-ALL_CHECKS = (fence_errors, orphan_errors, nav_errors, link_errors)
+# Math as pymdownx.arithmatex (generic mode) finds it: $$...$$ and \[...\] blocks, $...$ and \(...\)
+_MATH = re.compile(
+    r"(?P<dd>\$\$)(?P<d>.+?)\$\$|\\\[(?P<b>.+?)\\\]|\\\((?P<p>.+?)\\\)|(?<![\\$\w])\$(?!\s)(?P<i>[^$\n]+?)(?<!\s)\$(?![\w$])",
+    re.S,
+)
+
+
+def diagram_items(page: Path, root: Path) -> list[dict]:
+    """Every mermaid diagram and formula of a page, with where it starts."""
+    text = page.read_text(encoding="utf-8")
+    fences = scan(page, text)
+    where = rel(root, page)
+    items = [{"where": f"{where}:{f.line}", "kind": "mermaid", "text": f.body} for f in fences
+             if f.lang == "mermaid"]  # fmt: skip
+    prose = markup.prose(text, fences)
+    for m in _MATH.finditer(prose):
+        tex = next(g for g in (m["d"], m["b"], m["p"], m["i"]) if g is not None)
+        items.append({"where": f"{where}:{markup.line_of(text, m.start())}", "kind": "math",
+                      "text": tex, "display": m["i"] is None and m["p"] is None})  # fmt: skip
+    return items
+
+
+def diagram_errors(root: Path, only=None) -> list[str]:
+    """Mermaid syntax and KaTeX formulas, parsed on the CPU by the site's own pinned libraries."""
+    items = [i for p in pages(root) if only is None or p in only for i in diagram_items(p, root)]
+    if not items:
+        return []
+    if not (root / "node_modules" / "mermaid").is_dir():
+        return [f"{root / 'node_modules'}: missing; run `npm ci` (nox does) to parse diagrams"]
+    proc = subprocess.run(
+        ["node", str(Path(__file__).with_name("parse.mjs"))], input=json.dumps(items),
+        capture_output=True, text=True, cwd=root, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        return [f"tests/parse.mjs: node failed: {proc.stderr.strip()[-300:]}"]
+    return [f"{p['where']}: {p['message']}" for p in json.loads(proc.stdout)]
+
+
+_ASSET = re.compile(
+    r"<(?P<tag>script|link|img|iframe|source|video|audio|embed)\b[^>]*?\b(?:src|href)\s*=\s*"
+    r"[\"']?(?P<url>(?:https?:)?//[^\"'\s>]+)", re.I)  # fmt: skip
+
+
+def asset_errors(root: Path) -> list[str]:
+    """No page loads anything from another host (scripts, styles, images, frames)."""
+    errors = []
+    for page in pages(root):
+        text = page.read_text(encoding="utf-8")
+        for m in _ASSET.finditer(markup.prose(text, scan(page, text), comments=True)):
+            errors.append(
+                f"{rel(root, page)}:{markup.line_of(text, m.start())}: <{m['tag']}> loads "
+                f"{m['url']} from a third-party host; the site calls no other host: vendor it"
+            )
+    return errors
+
+
+def data_errors(root: Path) -> list[str]:
+    """The published data files load and validate (hardware, taxonomy, glossary)."""
+    from snippets.common.hardware import HardwareDataError, load_hardware
+    from snippets.common.taxonomy import DataError, load_glossary, load_taxonomy
+
+    data = root / "data"
+    errors, hardware = [], {}
+    if (data / "hardware.yaml").is_file():
+        try:
+            hardware = load_hardware(data / "hardware.yaml")
+        except HardwareDataError as exc:
+            errors.append(str(exc))
+    if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
+        try:
+            load_glossary(data / "glossary.yaml", load_taxonomy(data / "taxonomy.yaml"), hardware)
+        except DataError as exc:
+            errors.append(str(exc))
+    return [e.replace(str(root) + "/", "") for e in errors]
+
+
+ALL_CHECKS = (fence_errors, orphan_errors, nav_errors, link_errors, asset_errors, data_errors,
+              diagram_errors)  # fmt: skip

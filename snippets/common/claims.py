@@ -376,7 +376,9 @@ def resolve(slug: str, name: str, path: str, results: Results):
     try:
         record = results.record(slug, name)
     except ResultError as exc:
-        raise SpecError(f"result {name!r}: {exc}") from None
+        error = SpecError(f"result {name!r}: {exc}")
+        error.unreadable = name
+        raise error from None
     try:
         return lookup(record["values"], path)
     except KeyError as exc:
@@ -562,12 +564,16 @@ def page_errors(page: Path, results: Results | None = None, shown: str | None = 
         found = directives(page)
     except (SpecError, markup.PageError) as exc:
         return [str(exc).replace(markup.rel(page), where, 1)]
-    errors = []
+    errors, unreadable = [], set()
     for d in found:
         try:
             problem = check_directive(slug, d, results)
         except SpecError as exc:
             problem = str(exc)
+            if getattr(exc, "unreadable", None):  # a broken record: say so once per page
+                if exc.unreadable in unreadable:
+                    continue
+                unreadable.add(exc.unreadable)
         if problem:
             errors.append(f"{where}:{d.line}: {problem}")
     return errors

@@ -2,9 +2,11 @@
 
 A page is docs/posts/<slug>.md. Its fences are
   ```python / ```py          executed (tests/pages.py), in page order, one namespace per page;
+  ```bash / ```console       executed (also sh, shell) in bash in the repository root; `#>`
+                             lines (bash) or the lines after `$ cmd` are the expected output;
                              an include fence holds only `--8<-- "snippets/x/y.py:section"` lines;
   ```table NAME / ```plot NAME   result presentation, a YAML spec (snippets/common/claims.py);
-  ```bash, ```text, ...      shown only (NOT_RUN).
+  ```text, ```yaml, ...      shown only (NOT_RUN).
 The line above a fence may say why it is skipped: `<!-- skip: reason -->` always,
 `<!-- gpu: reason -->` without CUDA. Outside fences and code spans:
   {{ NAME:path }} / {{ NAME:path:.1f }}   a number from results/<slug>/NAME.json;
@@ -18,10 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PYTHON = {"python", "py", "python3", "py3"}
+SHELL = {
+    "bash",
+    "sh",
+    "shell",
+    "console",
+}  # executed too: commands, with `#>` (bash) or console-style output
 DIRECTIVES = {"table", "plot"}  # result presentation, rendered by hooks/results.py
 # Fences in these languages are shown, never run. Anything else is an error (no silent gaps).
 NOT_RUN = {
-    "bash", "sh", "shell", "console", "text", "txt", "yaml", "yml", "json", "toml", "ini",
+    "text", "txt", "yaml", "yml", "json", "toml", "ini",
     "mermaid", "diff", "markdown", "md", "c", "cpp", "cuda", "latex", "tex", "html", "css", "js",
 }  # fmt: skip
 SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
@@ -76,6 +84,7 @@ class Fence:
     index: int = 0  # ordinal among the page's fences
     skip: str | None = None  # reason, always skipped
     gpu: str | None = None  # reason, skipped without CUDA
+    problem: str | None = None  # a malformed marker above it: the fence fails with this
 
     @property
     def where(self) -> str:
@@ -138,22 +147,22 @@ def scan(path: Path, text: str | None = None) -> list[Fence]:
         while k >= 0 and not lines[k].strip():
             k -= 1
         above = lines[k] if k >= 0 else ""
-        if _BARE_MARK.match(above):
-            kind = _BARE_MARK.match(above)["kind"]
-            raise PageError(f"{rel(path)}:{k + 1}: <!-- {kind}: --> needs a reason after the colon")
-        marker = _MARK.match(above)
+        marker = _MARK.match(above) or _BARE_MARK.match(above)
         if marker:
-            reason = marker["reason"].strip()
-            if not reason:
-                raise PageError(f"{rel(path)}:{k + 1}: <!-- {marker['kind']}: --> needs a reason")
-            setattr(fence, marker["kind"], reason)
+            reason = (marker.groupdict().get("reason") or "").strip()
+            if reason:
+                setattr(fence, marker["kind"], reason)
+            else:  # reported by the structure check, and the fence fails: it does not run
+                fence.problem = f"{rel(path)}:{k + 1}: <!-- {marker['kind']}: --> needs a reason"
         fences.append(fence)
         i = j + 1
     return fences
 
 
 def check_language(fence: Fence) -> None:
-    if fence.lang in PYTHON or fence.lang in NOT_RUN:
+    if fence.problem:
+        raise PageError(fence.problem)
+    if fence.lang in PYTHON or fence.lang in SHELL or fence.lang in NOT_RUN:
         return
     if fence.lang in DIRECTIVES:
         if not fence.argument:
@@ -189,3 +198,88 @@ def prose(text: str, fences: list[Fence] | None = None, *, comments: bool = True
 
 def line_of(text: str, offset: int) -> int:
     return text.count("\n", 0, offset) + 1
+
+
+# --------------------------------------------------------------------------- front matter
+
+META_KEYS = {"title": str, "summary": str, "prerequisites": list, "series": int}
+_FRONT = re.compile(r"\A---[ \t]*\n(?P<body>.*?)\n---[ \t]*\n", re.S)
+
+
+@dataclass(frozen=True)
+class PostMeta:
+    """A post's front matter: its nav title, one-line summary (what the reader will be able to
+    do), the posts it builds on, and its position in the series; plus its H1 heading."""
+
+    slug: str
+    title: str
+    summary: str
+    prerequisites: tuple[str, ...]
+    series: int
+    heading: str
+
+
+def post_meta(path: Path, text: str | None = None) -> PostMeta:
+    """Read and check a post's front matter; errors name the page and line."""
+    import yaml
+
+    text = path.read_text(encoding="utf-8") if text is None else text
+    where = rel(path)
+    m = _FRONT.match(text)
+    if not m:
+        raise PageError(
+            f"{where}:1: a post starts with front matter: ---, title, summary, prerequisites, "
+            "series, --- (`nox -s new_post` writes it)"
+        )
+    try:
+        meta = yaml.safe_load(m["body"]) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise PageError(f"{where}:{2 + (mark.line if mark else 0)}: front matter: {exc}") from None
+    if not isinstance(meta, dict):
+        raise PageError(f"{where}:2: front matter must be a mapping")
+    lines = m["body"].splitlines()
+
+    def line_of_key(key):
+        return next((i + 2 for i, ln in enumerate(lines) if ln.startswith(f"{key}:")), 2)
+
+    for key in meta:
+        if key not in META_KEYS:
+            raise PageError(f"{where}:{line_of_key(key)}: front matter: unknown key {key!r} "
+                            f"(known: {', '.join(META_KEYS)})")  # fmt: skip
+    for key, kind in META_KEYS.items():
+        if key not in meta:
+            raise PageError(f"{where}:1: front matter: missing {key!r}")
+        value = meta[key]
+        if (
+            not isinstance(value, kind)
+            or isinstance(value, bool)
+            or (value in ("", []) and key != "prerequisites")
+        ):
+            raise PageError(f"{where}:{line_of_key(key)}: front matter: {key!r} must be a "
+                            f"non-empty {kind.__name__}, got {value!r}")  # fmt: skip
+    bad = [p for p in meta["prerequisites"] if not isinstance(p, str) or not SLUG.fullmatch(p)]
+    if bad:
+        raise PageError(f"{where}:{line_of_key('prerequisites')}: front matter: prerequisites "
+                        f"are post slugs, got {bad!r}")  # fmt: skip
+    heading = re.search(r"^# (.+)$", text[m.end() :], re.M)
+    if not heading:
+        raise PageError(f"{where}:{text[: m.end()].count(chr(10)) + 1}: a post needs a '# ' title")
+    return PostMeta(path.stem, meta["title"], meta["summary"].strip(),
+                    tuple(meta["prerequisites"]), meta["series"], heading[1].strip())  # fmt: skip
+
+
+def series(root: Path) -> list[PostMeta]:
+    """Every post, in series order; errors for duplicate positions and unknown prerequisites."""
+    posts = [post_meta(p) for p in sorted((root / "docs" / "posts").glob("*.md"))]
+    slugs = {p.slug for p in posts}
+    seen: dict[int, str] = {}
+    for p in posts:
+        where = rel(root / "docs" / "posts" / f"{p.slug}.md")
+        if p.series in seen:
+            raise PageError(f"{where}:1: series position {p.series} is also {seen[p.series]}'s")
+        seen[p.series] = p.slug
+        unknown = [s for s in p.prerequisites if s not in slugs or s == p.slug]
+        if unknown:
+            raise PageError(f"{where}:1: prerequisites {unknown!r} are not other posts")
+    return sorted(posts, key=lambda p: p.series)

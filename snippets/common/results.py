@@ -417,17 +417,18 @@ def computed_result(slug: str, name: str, values: dict, *, root: Path = ROOT) ->
     committed file differs; `pytest --update-examples` (HANDBOOK_UPDATE_RECORDS=1) rewrites it."""
     measured_by = _caller_file()
     path = result_path(slug, name, root)
-    fresh = build_record("computed", slug, name, values, measured_by, root)
     if os.environ.get(UPDATE_ENV) == "1":
+        fresh = build_record("computed", slug, name, values, measured_by, root)
         old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
         same = old and old.get("values") == fresh["values"] and old.get("sources") == fresh[
             "sources"]  # fmt: skip
         return path if same else _dump(fresh, path)
     old = load_result(path)  # raises with the file's name when missing or malformed
-    if not same_values(old["values"], fresh["values"]):
+    if not same_values(old["values"], _plain(values, "", [])):
+        command = refresh_command({"kind": "computed", "slug": slug})
         raise ResultError(
             f"{path.relative_to(root)}: the committed values differ from what the code computes "
-            f"now; rewrite it with `{refresh_command(fresh)}`"
+            f"now; rewrite it with `{command}`"
         )
     return path
 

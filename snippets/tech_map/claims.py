@@ -3,7 +3,7 @@
 import tempfile
 from pathlib import Path
 
-from snippets.tech_map.data import (
+from snippets.common.taxonomy import (
     BOTTLENECKS,
     STAGES,
     TAXONOMY_PATH,
@@ -11,7 +11,7 @@ from snippets.tech_map.data import (
     load_all,
     load_taxonomy,
 )
-from snippets.tech_map.render import Links, panorama
+from snippets.common.taxonomy_render import Links, panorama
 
 # --8<-- [start:load]
 taxonomy, glossary = load_all()  # both files, schema-checked and cross-checked

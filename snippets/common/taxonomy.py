@@ -64,10 +64,9 @@ class _Doc:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        try:
-            self.shown = self.path.resolve().relative_to(ROOT).as_posix()
-        except ValueError:
-            self.shown = str(self.path)
+        resolved = self.path.resolve()  # data/<name>.yaml of whichever repository holds it
+        in_data = resolved.parent.name == "data"
+        self.shown = resolved.relative_to(resolved.parents[1]).as_posix() if in_data else str(path)
         try:
             text = self.path.read_text(encoding="utf-8")
         except OSError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from snippets.tech_map.data import HW, Glossary, Taxonomy, Term
+from snippets.common.taxonomy import HW, Glossary, Taxonomy, Term
 
 TIERS = (("must", "必做"), ("recommended", "推荐"), ("optional", "可选"))
 DIMENSIONS = {"stage": "stages", "bottleneck": "bottlenecks", "layer": "layers"}
@@ -109,8 +109,9 @@ def scenarios(taxonomy: Taxonomy, glossary: Glossary, links: Links) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def series_map(taxonomy: Taxonomy, links: Links) -> str:
-    """Every post of the series, its place on the map, and whether it is written yet."""
+def series_map(taxonomy: Taxonomy, links: Links, extra=()) -> str:
+    """Every post of the series, its place on the map, and whether it is written yet; `extra`
+    (slug, title) pairs are written posts the plan does not list, appended."""
     rows = ["| 文章 | 地图上的位置 | 对应大类 | 状态 |", "|---|---|---|---|"]
     for p in taxonomy.series:
         cats = "、".join(taxonomy.category(c).name for c in taxonomy.posts_of(p.slug)) or "—"
@@ -118,6 +119,8 @@ def series_map(taxonomy: Taxonomy, links: Links) -> str:
         title = f"[{p.title}]({links.post(p.slug)})" if written else p.title
         status = "已发布" if written else "计划中"
         rows.append(f"| {cell(title)} | {cell(p.region)} | {cell(cats)} | {status} |")
+    for slug, title in extra:
+        rows.append(f"| {cell(f'[{title}]({links.post(slug)})')} | — | — | 已发布 |")
     return "\n".join(rows)
 
 
@@ -256,19 +259,20 @@ _REGISTRY = re.compile(r"^<!--\s*anchors:.*?-->", re.M | re.S)
 def registry_comment(glossary: Glossary, taxonomy: Taxonomy) -> str:
     return (
         "<!-- anchors: ids that hooks/datapages.py renders from data/glossary.yaml, declared here\n"
-        "for the structure check; refresh: python -m snippets.tech_map.render --write-anchors\n"
+        "for the structure check; refresh:\n"
+        "python -m snippets.common.taxonomy_render --write-anchors\n"
         f"{anchor_registry(glossary, taxonomy)}\n-->"
     )
 
 
-if __name__ == "__main__":  # python -m snippets.tech_map.render --write-anchors
+if __name__ == "__main__":  # python -m snippets.common.taxonomy_render --write-anchors
     import sys
     from pathlib import Path
 
-    from snippets.tech_map.data import ROOT, load_all
+    from snippets.common.taxonomy import ROOT, load_all
 
     if sys.argv[1:] != ["--write-anchors"]:
-        sys.exit("usage: python -m snippets.tech_map.render --write-anchors")
+        sys.exit("usage: python -m snippets.common.taxonomy_render --write-anchors")
     page = ROOT / GLOSSARY_PAGE
     text = page.read_text(encoding="utf-8")
     new = registry_comment(*reversed(load_all()))
