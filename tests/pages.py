@@ -259,15 +259,21 @@ class PageParser:
             elif fence.lang in SHELL:
                 yield Region(fence.start, fence.end, fence, self.evaluate_shell)
 
-    def evaluate_shell(self, example) -> None:
+    @staticmethod
+    def _admit(fence: Fence) -> None:
+        """Fail a fence under a malformed marker; skip one marked skip (or gpu, without CUDA)."""
         __tracebackhide__ = True
-        fence: Fence = example.parsed
         if fence.problem:
             pytest.fail(fence.problem, pytrace=False)
         if fence.skip:
             pytest.skip(f"{fence.where}: {fence.skip}")
         if fence.gpu and not _cuda():
             pytest.skip(f"{fence.where}: needs CUDA: {fence.gpu}")
+
+    def evaluate_shell(self, example) -> None:
+        __tracebackhide__ = True
+        fence: Fence = example.parsed
+        self._admit(fence)
         new = run_shell(fence, self.root)
         if new is not None and UPDATE:
             _rewrite_fence(fence, new)
@@ -275,12 +281,7 @@ class PageParser:
     def evaluate(self, example) -> None:
         __tracebackhide__ = True
         fence: Fence = example.parsed
-        if fence.problem:
-            pytest.fail(fence.problem, pytrace=False)
-        if fence.skip:
-            pytest.skip(f"{fence.where}: {fence.skip}")
-        if fence.gpu and not _cuda():
-            pytest.skip(f"{fence.where}: needs CUDA: {fence.gpu}")
+        self._admit(fence)
         try:
             self._run(fence, example.namespace)
             return
