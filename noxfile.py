@@ -106,28 +106,33 @@ def _commit(session: nox.Session) -> dict:
     return {"HANDBOOK_COMMIT": commit, "HANDBOOK_DIRTY": dirty}
 
 
+def last_wall_s(slug: str, root: Path = ROOT) -> float:
+    """The longest benchmark wall time a post's results record (30 s where there is none)."""
+    walls = []
+    for f in (root / "results" / slug).glob("*.json"):
+        try:
+            walls.append(float(json.loads(f.read_text(encoding="utf-8"))["provenance"]["wall_s"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return max(walls, default=30.0)
+
+
+def shard(slugs: list[str], weights: dict[str, float], i: int, n: int) -> list[str]:
+    """Shard i of n (1-based): the heaviest post first, each to the lightest shard so far."""
+    bins: list[list[str]] = [[] for _ in range(n)]
+    load = [0.0] * n
+    for slug in sorted(slugs, key=lambda s: (-weights[s], s)):
+        k = load.index(min(load))
+        bins[k].append(slug)
+        load[k] += weights[slug]
+    return sorted(bins[i - 1])
+
+
 def _shard(slugs: list[str], spec: str, session: nox.Session) -> list[str]:
-    """Shard i of n (1-based): posts spread by their last measured wall time, largest first."""
     m = re.fullmatch(r"(\d+)/(\d+)", spec)
     if not m or not 1 <= int(m[1]) <= int(m[2]):
         session.error(f"gpu_docs: --shard takes i/n with 1 <= i <= n, got {spec!r}")
-    i, n = int(m[1]), int(m[2])
-    weight = {}
-    for slug in slugs:
-        walls = []
-        for f in (ROOT / "results" / slug).glob("*.json"):
-            try:
-                walls.append(json.loads(f.read_text(encoding="utf-8"))["provenance"]["wall_s"] or 0)
-            except (ValueError, KeyError, TypeError):
-                continue
-        weight[slug] = max(walls, default=30.0)
-    bins: list[list[str]] = [[] for _ in range(n)]
-    load = [0.0] * n
-    for slug in sorted(slugs, key=lambda s: (-weight[s], s)):
-        k = load.index(min(load))
-        bins[k].append(slug)
-        load[k] += weight[slug]
-    return sorted(bins[i - 1])
+    return shard(slugs, {s: last_wall_s(s) for s in slugs}, int(m[1]), int(m[2]))
 
 
 @nox.session(venv_backend="none", tags=["gpu"], default=False)

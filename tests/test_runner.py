@@ -1,0 +1,22 @@
+"""The GPU runner's choices, on the CPU: which posts are due, and how a full run is sharded."""
+
+import noxfile
+from tests import gate
+from tests.test_results import RESULT, edit, scratch  # noqa: F401  (the scratch-tree fixture)
+
+
+def test_shards_cover_every_post_once_and_balance_the_load():
+    weights = {"a": 50.0, "b": 40.0, "c": 30.0, "d": 20.0, "e": 10.0}
+    parts = [noxfile.shard(list(weights), weights, i, 2) for i in (1, 2)]
+    assert sorted(parts[0] + parts[1]) == sorted(weights)
+    loads = [sum(weights[s] for s in p) for p in parts]
+    assert abs(loads[0] - loads[1]) <= 10.0
+    assert noxfile.shard(["x"], {"x": 1.0}, 1, 1) == ["x"]
+
+
+def test_due_lists_posts_with_stale_or_missing_results(scratch):  # noqa: F811
+    assert gate.due(scratch) == []
+    edit(scratch / "snippets/demo/helper.py", "def size():", "def size():  # tweak")
+    assert gate.due(scratch) == ["demo"]
+    (scratch / RESULT).unlink()
+    assert gate.due(scratch) == ["demo"]  # referenced by its page, missing
