@@ -71,6 +71,8 @@ def number(value, spec: str | None) -> str:
 
 
 def cell(value, col: dict, overlap: bool) -> str:
+    if "scale" in col and isinstance(cl.as_stat(value), Stat):  # e.g. ms shown as µs
+        value = cl.as_stat(value) * col["scale"]
     mapped = col.get("map", {}).get(value, value) if isinstance(value, str | int) else value
     text = fmt(mapped, col.get("format"))
     stat = cl.as_stat(value)
@@ -207,8 +209,8 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
     if roof:
         enc = layers[0]["encoding"]
         xf, yf = enc["x"]["field"], enc["y"]["field"]
-        bw = cl.as_stat(cl.resolve(slug, d.name, roof["bandwidth"], results)).median
-        peak = cl.as_stat(cl.resolve(slug, d.name, roof["peak"], results)).median
+        bw = cl.as_stat(cl.spec_ref(slug, d, str(roof["bandwidth"]), results)).median
+        peak = cl.as_stat(cl.spec_ref(slug, d, str(roof["peak"]), results)).median
         xs = [r[xf] for r in data if isinstance(r.get(xf), int | float)]
         ridge = peak / bw
         lo, hi = min([*xs, ridge]) / 2, max([*xs, ridge]) * 2
@@ -274,7 +276,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 text = number(cl.resolve(slug, d.name, d.text, results), d.fmt)
             elif d.kind in ("table", "plot"):  # the provenance line once per result
                 render = table if d.kind == "table" else plot
-                text = render(slug, d, results, page, d.name not in shown)
+                text = render(slug, d, results, page, d.name not in shown) + "\n"
                 shown.add(d.name)
             else:
                 text = claim(d)

@@ -20,7 +20,8 @@ from snippets.common import markup
 NUM = r"(?<![\w.])\d+(?:[.,]\d+)*"
 UNIT = (
     r"(?:ms|µs|us|ns|s|sec|min|h|毫秒|微秒|纳秒|秒|分钟|小时|天"
-    r"|[KMGTP]i?B(?:/s)?|[KMGTP]B/s|bytes?|字节|[kMGTP]?FLOP/s|[GTP]?FLOPS|token/s|tokens/s|tok/s"
+    r"|[KMGTP]i?B(?:/s)?|[KMGTP]B/s|bytes?|字节|[kMGTP]?FLOP/s|[GTP]?FLOPS"
+    r"|token/s|tokens/s|tok/s"
     r"|个 ?token/s|samples/s|it/s|%|％|倍)"
 )
 TYPED = re.compile(rf"{NUM}\s?(?:{UNIT}(?![A-Za-z])|[×x](?!\s?\d))")
@@ -29,7 +30,9 @@ CITATION = re.compile(r"\]\((?:https?://|[^)]*#(?:ref|参考))|\[\^[^\]]+\]")
 MATH = re.compile(r"\$\$.*?\$\$|(?<!\\)\$[^$\n]+?\$|\\\(.*?\\\)|\\\[.*?\\\]", re.S)
 LINK_TARGET = re.compile(r"\]\([^)]*\)")
 # a sentence ends at 。！？； (or ". "), and takes the comments right after it (its claim, marker)
-SENTENCE_END = re.compile(r"(?:[。！？；]|(?<=[a-z\u4e00-\u9fff)])\.(?=\s))(?:[ \t\n]*<!--.*?-->)*", re.S)
+SENTENCE_END = re.compile(
+    r"(?:[。！？；]|(?<=[a-z\u4e00-\u9fff)])\.(?=\s))(?:[ \t\n]*<!--.*?-->)*", re.S
+)
 HEADING_NUMBER = re.compile(r"^(#{1,6}[ \t]+)([\d.]+)(?=[ \t])", re.M)
 
 

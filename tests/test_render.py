@@ -101,5 +101,22 @@ def test_page_render_and_failure_name_the_line(hook, tmp_path, monkeypatch):
     monkeypatch.setattr(hook, "ROOT", tmp_path)
     scratch = cl.Results  # the hook builds one per page: point it at an empty scratch folder
     monkeypatch.setattr(hook.cl, "Results", lambda **kw: scratch(base=tmp_path / "results"))
-    with pytest.raises(PluginError, match=r"docs/posts/demo.md:3: result 'nope':.*gpu_docs -- demo"):
+    with pytest.raises(
+        PluginError, match=r"docs/posts/demo.md:3: result 'nope':.*gpu_docs -- demo"
+    ):
         hook.on_page_markdown("# D\n\n{{ nope:x }}\n", page, None, None)
+
+
+def test_columns_scale_and_roofs_read_the_datasheet(hook, results):
+    d = directive(
+        "table", "rows: rows\ncolumns: {impl: i, ms: {label: µs, format: .0f, scale: 1000}}\n"
+    )
+    text = hook.table("demo", d, results, fake_page("posts/demo.md"), prov=False)
+    assert "| ours | 1000 ±1.0% |" in text and "| a\\|b | 1005 ±2.5%† |" in text
+    d = directive("plot", "rows: rows\nroof: {bandwidth: 'hardware:h200-sxm.hbm_tb_per_s', "
+                          "peak: 'hardware:h200-sxm.bf16_dense_tflops'}\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "  y: {field: ms, type: quantitative, scale: {type: log}}\n")  # fmt: skip
+    assert cl.check_directive("demo", d, results) is None
+    ridge = hook.vega_spec("demo", d, results)["layer"][0]["data"]["values"][1]
+    assert ridge["ms"] == pytest.approx(989.5) and ridge["x"] == pytest.approx(989.5 / 4.8)

@@ -245,6 +245,13 @@ def test_measurements_are_written_by_the_runner_only(monkeypatch):
         res.write_result("demo", "x", {"a": 1})
 
 
+def test_results_are_recorded_by_snippet_modules_only(monkeypatch, tmp_path):
+    """A call from a test or a page fence has no measuring module whose imports are sources."""
+    monkeypatch.setenv(res.RESULTS_DIR_ENV, str(tmp_path))
+    with pytest.raises(res.ResultError, match="recorded by a module under snippets/"):
+        res.write_result("demo", "x", {"a": 1})
+
+
 def test_stat_arithmetic_keeps_the_widest_range():
     a = res.Stat(2.0, 1.9, 2.1, 7, "gpu-graph")
     b = res.Stat(1.0, 0.95, 1.05, 5, "gpu-graph")

@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import torch
 
-from snippets.common.results import Stat
+from snippets.common.results import MAX_SPREAD, ResultError, Stat
 
 REPEATS = 7
 
@@ -152,6 +152,9 @@ def ceilings() -> dict[str, Stat]:
     dst = torch.empty_like(src)
     copy = graph_ms(lambda: dst.copy_(src))
     matmul = graph_ms(lambda: a @ b)
+    for name, t in (("copy", copy), ("matmul", matmul)):  # rates derived from them skip the check
+        if t.spread > MAX_SPREAD:
+            raise ResultError(f"ceilings(): the {name} timing spread ±{t.spread:.1%} > ±5%: {t}")
     return {
         "copy_bytes_per_s": rate(2 * n, copy),
         "bf16_matmul_flop_per_s": rate(2 * 8192**3, matmul),

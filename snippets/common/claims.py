@@ -388,6 +388,14 @@ def resolve(slug: str, name: str, path: str, results: Results):
 # --------------------------------------------------------------------------- specs
 
 
+def spec_ref(slug: str, d: Directive, path: str, results: Results):
+    """A path in a spec: inside the spec's own result, or `NAME:path` of another (hardware:...)."""
+    m = CLAIM_REF.fullmatch(path.strip())
+    if m:
+        return resolve(slug, m["name"], m["path"], results)
+    return resolve(slug, d.name, path, results)
+
+
 def rows_of(slug: str, d: Directive, results: Results) -> list[dict]:
     spec = d.spec
     if "rows" not in spec:
@@ -414,8 +422,10 @@ def table_columns(d: Directive) -> list[tuple[str, dict]]:
     out = []
     for key, col in columns.items():
         col = {"label": col} if isinstance(col, str) else col
-        if not isinstance(col, dict) or set(col) - {"label", "format", "map"}:
-            raise SpecError(f"column {key!r}: a label, or {{label, format, map}}")
+        if not isinstance(col, dict) or set(col) - {"label", "format", "map", "scale"}:
+            raise SpecError(f"column {key!r}: a label, or {{label, format, map, scale}}")
+        if not isinstance(col.get("scale", 1), int | float) or isinstance(col.get("scale"), bool):
+            raise SpecError(f"column {key!r}: scale must be a number (e.g. 1000 for ms -> µs)")
         out.append((str(key), {"label": str(col.get("label", key))} | col))
     return out
 
@@ -549,7 +559,7 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
             if not isinstance(roof, dict) or set(roof) != {"bandwidth", "peak"}:
                 raise SpecError("roof: needs {bandwidth: path, peak: path} (same units as x·y)")
             for p in roof.values():
-                resolve(slug, d.name, p, results)
+                spec_ref(slug, d, str(p), results)
         check_axes(d.spec, rows)
         return None
     holds, shown = evaluate(d.text, slug, results)
@@ -624,5 +634,6 @@ def reads(page: Path) -> dict[tuple[str, str], set[str]]:
                 where = f"{rows}.{base}" if rows.endswith("]") else f"{rows}[*].{base}"
                 add(d.name, where if rows else base)
             for p in (d.spec.get("roof") or {}).values():
-                add(d.name, p)
+                m = CLAIM_REF.fullmatch(str(p).strip())
+                add(m["name"], m["path"]) if m else add(d.name, p)
     return out

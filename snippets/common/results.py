@@ -246,15 +246,19 @@ def hash_files(paths, root: Path = ROOT) -> dict[str, str]:
 
 
 def _caller_file() -> Path:
-    """The snippet module that called into this file (the measuring code)."""
+    """The snippet module that called into this file: the measuring code, whose imports are
+    the result's sources. A call from a page fence or a test has no such module: an error."""
     frame = sys._getframe(1)
     here = Path(__file__).resolve()
-    while frame is not None:
-        f = Path(frame.f_code.co_filename)
-        if f.is_absolute() and f.resolve() != here and f.suffix == ".py":
-            return f.resolve()
+    while frame is not None and Path(frame.f_code.co_filename).resolve() == here:
         frame = frame.f_back
-    raise ResultError("write_result must be called from a snippet module")
+    caller = Path(frame.f_code.co_filename) if frame is not None else Path("?")
+    if caller.suffix != ".py" or f"{os.sep}snippets{os.sep}" not in str(caller.resolve()):
+        raise ResultError(
+            f"{caller}: results are recorded by a module under snippets/ (its imports become the "
+            "record's sources); move this call into the post's snippet file"
+        )
+    return caller.resolve()
 
 
 # --------------------------------------------------------------------------- provenance
@@ -402,12 +406,12 @@ def _dump(record: dict, path: Path) -> Path:
 
 def write_result(slug: str, name: str, values: dict, *, root: Path = ROOT) -> Path:
     """Record a measurement (GPU). Only the runner writes: it sets HANDBOOK_RESULTS_DIR."""
-    measured_by = _caller_file()
     if not os.environ.get(RESULTS_DIR_ENV):
         raise ResultError(
             f"{slug}/{name}: measurements are written by the runner: `nox -s gpu_docs -- {slug}`"
             f" (or `-- --verify {slug}` to measure without touching results/)"
         )
+    measured_by = _caller_file()
     record = build_record("measured", slug, name, values, measured_by, root)
     return _dump(record, results_dir(root) / slug / f"{name}.json")
 

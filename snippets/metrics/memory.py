@@ -1,6 +1,7 @@
 """Memory: bytes per parameter of mixed-precision Adam; ZeRO-1/2/3 model states per GPU."""
 
 from snippets.common.hardware import load_hardware
+from snippets.common.results import computed_result
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 
 # --8<-- [start:bytes]
@@ -43,11 +44,16 @@ def zero_model_state_bytes(psi: float, nd: int, stage: int, k: float = K) -> flo
 # --8<-- [start:qwen3]
 psi = qwen3_params(QWEN3_8B)["total"]
 h200 = load_hardware()["h200-sxm"]
-for stage in range(4):  # Qwen3-8B on 8 data-parallel GPUs; H200 holds 141 GB
+stages = []  # Qwen3-8B on 8 data-parallel GPUs, against one H200's memory
+for stage in range(4):
     gb = zero_model_state_bytes(psi, nd=8, stage=stage) / 1e9
+    stages.append({"stage": stage, "gb": gb, "of_h200": gb / h200.memory_gb})
     print(stage, round(gb, 1), "GB", f"{gb / h200.memory_gb:.0%} of an H200")
     #> 0 131.1 GB 93% of an H200
     #> 1 45.0 GB 32% of an H200
     #> 2 30.7 GB 22% of an H200
     #> 3 16.4 GB 12% of an H200
 # --8<-- [end:qwen3]
+
+# The figures the page quotes, checked on every run (results/metrics/qwen3-zero.json).
+computed_result("metrics", "qwen3-zero", {"stages": stages})

@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass
 
 from snippets.common.hardware import load_hardware
+from snippets.common.results import computed_result
 from snippets.metrics.memory import zero_model_state_bytes
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 from snippets.metrics.serving import disaggregated_goodput
@@ -136,8 +137,11 @@ print(all(ok))
 gpt3 = span(lambda x: training_days(300e9, 175e9, 1024, x * 1e12), Printed("140"))
 print(f"{gpt3[0]:.2f}..{gpt3[1]:.2f}", reproduces(gpt3, Printed("34")))
 #> 33.79..34.03 True
-for params in (1e12, 1008.0e9):  # "1 trillion" only reproduces with Table 1's 1008.0B model
-    t = span(lambda x, p=params: training_days(450e9, p, 3072, x * 1e12), Printed("163"))
+days_1t = {}  # "1 trillion" only reproduces with Table 1's 1008.0B model
+for params in (1e12, 1008.0e9):
+    t = days_1t[params] = span(
+        lambda x, p=params: training_days(450e9, p, 3072, x * 1e12), Printed("163")
+    )
     print(f"{params / 1e9:.0f}B: {t[0]:.2f}..{t[1]:.2f}", reproduces(t, Printed("84")))
     #> 1000B: 82.96..83.47 False
     #> 1008B: 83.62..84.13 True
@@ -172,6 +176,16 @@ for name, (l, h, batch, gpus, secs, mfu_pct, hfu_pct) in KORTHIKANTI.items():
     #> 1T MFU 56.26..56.27 True  HFU 57.00..57.01 True
 # --8<-- [end:korthikanti]
 
+# --8<-- [start:eq8_text]
+# What the text describes: one extra forward of QK^T and of attention x V per layer
+# (2Bs^2h + 2Bs^2h), i.e. 1 + s/4.5h on top of eq. 7 instead of the printed 1 + s/3h.
+l, h, batch, gpus, secs, _, hfu_pct = KORTHIKANTI["530B"]
+as_text = 72 * batch * 2048 * l * h**2 * (1 + 2048 / (4.5 * h) + 51200 / (12 * l * h))
+hfu_as_text = utilization(as_text, float(secs), gpus, A100)
+print(f"{hfu_as_text:.1%}", reproduces(point(100 * hfu_as_text), Printed(hfu_pct)))
+#> 56.4% False
+# --8<-- [end:eq8_text]
+
 
 # --8<-- [start:distserve]
 # DistServe (Zhong et al., OSDI 2024, arXiv:2401.09670) §1: a 13B model on A100s, 90 % SLO
@@ -194,3 +208,19 @@ total, non_embedding = p["total"] / 1e9, p["non_embedding"] / 1e9
 print(reproduces(point(total), Printed("8.2")), reproduces(point(non_embedding), Printed("6.95")))
 #> True True
 # --8<-- [end:qwen3]
+
+# The figures the page quotes, checked on every run (results/metrics/reproductions.json).
+computed_result(
+    "metrics",
+    "reproductions",
+    {
+        # two cells of ZeRO's Table 1 as computed: printed truncated (4011) and rounded (21.6)
+        "zero_1t_os_1024_gb": zero_model_state_bytes(1e12, 1024, 1) / 1e9,
+        "zero_7_5b_osg_16_gb": zero_model_state_bytes(7.5e9, 16, 2) / 1e9,
+        "megatron_1t_days": [
+            {"params_b": params / 1e9, "days_lo": lo, "days_hi": hi}
+            for params, (lo, hi) in days_1t.items()
+        ],
+        "hfu_530b_as_text": hfu_as_text,
+    },
+)

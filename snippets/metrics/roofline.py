@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snippets.common.hardware import load_hardware, ridge_point
+from snippets.common.results import computed_result
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 
 
@@ -32,11 +33,13 @@ def attainable_flops(intensity: float, peak_flops: float, bandwidth: float) -> f
 # --8<-- [start:h200]
 h200 = load_hardware()["h200-sxm"]
 peak, bandwidth = h200.bf16_dense_tflops * 1e12, h200.hbm_tb_per_s * 1e12
-print(round(ridge_point(h200)))  # FLOP per byte where the two roofs meet (dense BF16 / HBM)
+ridge = ridge_point(h200)  # FLOP per byte where the two roofs meet (dense BF16 / HBM)
+print(round(ridge))
 #> 206
-for m in (1, 16, 256, 4096):  # tokens in a batch x Qwen3-8B's MLP up-projection 4096 -> 12288
-    ai = arithmetic_intensity(matmul_flops(m, 12288, 4096), matmul_bytes(m, 12288, 4096))
-    print(m, round(ai, 1), round(attainable_flops(ai, peak, bandwidth) / peak, 3))
+up_proj = {}  # tokens in a batch -> intensity of Qwen3-8B's MLP up-projection 4096 -> 12288
+for m in (1, 16, 256, 4096):
+    up_proj[m] = arithmetic_intensity(matmul_flops(m, 12288, 4096), matmul_bytes(m, 12288, 4096))
+    print(m, round(up_proj[m], 1), round(attainable_flops(up_proj[m], peak, bandwidth) / peak, 3))
     #> 1 1.0 0.005
     #> 16 15.9 0.077
     #> 256 236.3 1.0
@@ -85,3 +88,19 @@ for n in (2, 8, 64):  # bytes each rank sends (= receives) in an optimal all-red
     #> 8 28.67 GB
     #> 64 32.25 GB
 # --8<-- [end:busbw_demo]
+
+# The figures the page quotes, checked on every run (results/metrics/qwen3-roofline.json).
+computed_result(
+    "metrics",
+    "qwen3-roofline",
+    {
+        "ridge_flop_per_byte": ridge,
+        "up_proj": [
+            {"m": m, "intensity": ai, "of_peak": attainable_flops(ai, peak, bandwidth) / peak}
+            for m, ai in up_proj.items()
+        ],
+        "decode_floor_ms": weights / bandwidth * 1e3,
+        "decode_max_tokens_per_s": bandwidth / weights,
+        "grads_gb": grads / 1e9,
+    },
+)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from snippets.common.results import computed_result
+
 
 # --8<-- [start:record]
 @dataclass(frozen=True)
@@ -205,3 +207,30 @@ print(round(request_throughput(trace, seconds), 3), round(goodput(trace, slo, se
 print(round(output_token_throughput(trace, seconds), 2))
 #> 13.54
 # --8<-- [end:trace_goodput]
+
+# The figures the page quotes, checked on every run (results/metrics/serving-trace.json).
+computed_result(
+    "metrics",
+    "serving-trace",
+    {
+        "requests": [
+            {
+                "req": name,
+                "ttft": ttft(r),
+                "tpot": tpot(r),
+                "e2e_per_token": e2e(r) / r.n_out,  # the wrong "TPOT"
+                "itl": itls(r),
+            }
+            for name, r in zip("ABC", trace, strict=True)
+        ],
+        "p90_ttft": {
+            "linear": percentile(firsts, 90),
+            "nearest_rank": percentile(firsts, 90, "nearest-rank"),
+        },
+        "ttft_met": sum(ttft(r) <= slo.ttft for r in trace),
+        "tpot_met": sum(tpot(r) <= slo.tpot for r in trace),
+        "attainment": slo_attainment(trace, slo),
+        "request_throughput": request_throughput(trace, seconds),
+        "goodput": goodput(trace, slo, seconds),
+    },
+)

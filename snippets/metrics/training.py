@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snippets.common.hardware import load_hardware
+from snippets.common.results import computed_result
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 
 # --8<-- [start:qwen3]
@@ -121,3 +122,15 @@ hardware_f = flops_per_token(p["layers"], p["lm_head"], L, H, Q, T, recompute="f
 print(round(hardware_f / model_f, 3))  # HFU / MFU with full recomputation
 #> 1.31
 # --8<-- [end:qwen3_hfu]
+
+# The figures the page quotes, checked on every run (results/metrics/qwen3-flops.json).
+computed_result(
+    "metrics",
+    "qwen3-flops",
+    {
+        "params": {k: p[k] for k in ("total", "non_embedding", "matmul")},
+        # at one MFU, TGS is inversely proportional to the FLOPs counted per token
+        "tgs_max_over_min": max(per_token.values()) / min(per_token.values()),
+        "hfu_over_mfu": hardware_f / model_f,
+    },
+)

@@ -12,11 +12,16 @@ import random
 import re
 import shutil
 import subprocess
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from snippets.common import results as res
 from snippets.common.hardware import load_hardware, ridge_point
+from snippets.metrics import measure as ms
 from snippets.metrics import reproduce as rp
 from snippets.metrics.memory import ADAM_MIXED_PRECISION, K, zero_model_state_bytes
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
@@ -68,6 +73,8 @@ from snippets.metrics.vectors import (
     gpu_presets_js,
     presets_in,
 )
+from snippets.qwen3_fusion.model import TINY, count_parameters
+from tests import gate
 
 Printed, span, reproduces, point = rp.Printed, rp.span, rp.reproduces, rp.point
 A100 = load_hardware()["a100-sxm-80gb"].bf16_dense_tflops * 1e12
@@ -551,3 +558,113 @@ def test_hand_count_equals_the_shared_models_parameters():
         counted["total"],
         counted["non_embedding"],
     )
+
+
+# ------------------------------------------- the GPU benchmarks, on the CPU with a stand-in timer
+
+ROOT = Path(__file__).resolve().parents[2]
+H200 = load_hardware()["h200-sxm"]
+PEAK, BANDWIDTH = H200.bf16_dense_tflops * 1e12, H200.hbm_tb_per_s * 1e12
+
+
+def fixed_timer(ms_per_call, clock="gpu-graph"):
+    """A stand-in for graph_ms / python_ms: calls fn once, reports a steady timing."""
+
+    def timer(fn):
+        fn()
+        return res.Stat.of([ms_per_call] * res.MIN_REPEATS, clock)
+
+    return timer
+
+
+CEILINGS = {  # what ceilings() returns: rates derived from timings
+    "bf16_matmul_flop_per_s": 2 * 8192**3 / (res.Stat.of([1.5] * 5, "gpu-graph") * 1e-3),
+    "copy_bytes_per_s": 2 * 2**30 / (res.Stat.of([0.5] * 5, "gpu-graph") * 1e-3),
+}
+
+
+def test_matmul_point_rates_a_timing_against_the_roofline():
+    m, n, k = 4, 48, 32
+    seen = []
+
+    def timer(fn):
+        seen.append(fn())
+        return res.Stat.of([0.002] * 5, "gpu-graph")
+
+    point = ms.matmul_point(m, n, k, timer, PEAK, BANDWIDTH, 500e12, device="cpu")
+    assert seen[0].shape == (m, n) and seen[0].dtype == torch.bfloat16
+    assert seen[0].abs().sum() > 0  # random data, not zeros
+    achieved = 2 * m * n * k / 2e-6
+    intensity = 2 * m * n * k / (2 * (m * k + k * n + m * n))
+    assert point["intensity"] == pytest.approx(intensity)
+    assert point["tflops"].median == pytest.approx(achieved / 1e12)
+    assert point["of_roofline"].median == pytest.approx(achieved / (intensity * BANDWIDTH))
+    assert point["of_matmul_ceiling"].median == pytest.approx(achieved / 500e12)
+
+
+def test_matmul_sweep_rows_and_ceilings():
+    shapes = {"square": (8, 16), "tokens": (1, 4), "mlp": (24, 16)}
+    values = ms.matmul_sweep(fixed_timer(0.01), PEAK, BANDWIDTH, CEILINGS, "cpu", **shapes)
+    rows = [(r["family"], r.get("n"), r.get("m")) for r in values["rows"]]
+    assert rows == [("square", 8, None), ("square", 16, None), ("mlp", None, 1), ("mlp", None, 4)]
+    mlp = values["rows"][2]
+    assert mlp["tb_per_s"].median == pytest.approx(2 * (16 + 16 * 24 + 24) / 1e-5 / 1e12)
+    assert "tb_per_s" not in values["rows"][0]
+    assert values["matmul_ceiling_tflops"].median == pytest.approx(2 * 8192**3 / 1.5e-3 / 1e12)
+    assert values["copy_tb_s"].median == pytest.approx(2 * 2**30 / 0.5e-3 / 1e12)
+
+
+def test_training_step_runs_on_the_cpu_and_counts_n_without_the_input_embedding():
+    step, n_matmul = ms.make_step(TINY, batch=2, seq=16, device="cpu")
+    step()
+    step()  # a second step: the optimizer state exists, grads were set to None and rebuilt
+    embedding = TINY.vocab_size * TINY.hidden_size
+    counts = qwen3_params(asdict(TINY))
+    assert n_matmul == counts["total"] - embedding
+
+
+def test_step_metrics_follow_the_page_formulas():
+    cfg, seq, tokens, n = ms.STEP_CFG, ms.SEQ, ms.BATCH * ms.SEQ, 2_165_905_408
+    step_ms = res.Stat.of([250.0, 252.0, 255.0, 251.0, 249.0], "python")
+    values = ms.step_metrics(step_ms, tokens, n, cfg, seq, PEAK, 700e12)
+    assert values["tgs"].median == pytest.approx(tokens / 0.251)
+    by = {row["count"]: row for row in values["flops"]}
+    palm = 6 * n + 12 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim * seq
+    assert by["6n"]["tflop_per_token"] == pytest.approx(6 * n / 1e12)
+    assert by["palm"]["tflop_per_token"] == pytest.approx(palm / 1e12)
+    assert by["palm"]["mfu"].median == pytest.approx(tokens / 0.251 * palm / PEAK)
+    assert by["palm"]["of_matmul_ceiling"].median == pytest.approx(tokens / 0.251 * palm / 700e12)
+    # interval arithmetic: the slowest repeat gives the lowest MFU
+    assert by["6n"]["mfu"].lo == pytest.approx(tokens / 0.255 * 6 * n / PEAK)
+
+
+def test_the_records_the_gpu_writes_fit_the_page(tmp_path, monkeypatch):
+    """Both GPU records, built by the benchmarks' own functions at the real shapes (the matmuls
+    on the meta device, the timings stand-ins): every table, plot, number and claim on the page
+    resolves, and every stored value is read. Whether the claims hold is the GPU run's to say."""
+    prov = dict.fromkeys(res.PROVENANCE["measured"], "stand-in") | {"dirty": True, "wall_s": 1.0}
+    prov["commit"] = res.commit_and_dirty()[0]
+    monkeypatch.setattr(res, "provenance", lambda *args, **kwargs: prov)
+    matmuls = ms.matmul_sweep(fixed_timer(0.05), PEAK, BANDWIDTH, CEILINGS, device="meta")
+    counts = count_parameters(ms.STEP_CFG)  # meta device: the 8-layer model, no memory
+    n_matmul = counts["total"] - ms.STEP_CFG.vocab_size * ms.STEP_CFG.hidden_size
+    step_ms = res.Stat.of([250.0] * 5, "python")
+    ceiling = CEILINGS["bf16_matmul_flop_per_s"]
+    step = ms.step_metrics(step_ms, ms.BATCH * ms.SEQ, n_matmul, ms.STEP_CFG, ms.SEQ, PEAK, ceiling)
+    base = tmp_path / "results"
+    records = {
+        "matmul-roofline": (matmuls, "bench_matmul.py"),
+        "qwen3-training-step": (step, "bench_training.py"),
+    }
+    for name, (values, bench) in records.items():
+        measured_by = ROOT / "snippets" / "metrics" / bench
+        record = res.build_record("measured", "metrics", name, values, measured_by)
+        path = base / "metrics" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record, ensure_ascii=False, indent=1), encoding="utf-8")
+    for computed in (ROOT / "results" / "metrics").glob("*.json"):
+        if json.loads(computed.read_text(encoding="utf-8")).get("kind") == "computed":
+            shutil.copy(computed, base / "metrics" / computed.name)
+    problems = [e for e in gate.page_errors(ROOT, base, {"metrics"}) if "does not hold" not in e]
+    assert problems == []
+    assert gate.unread_errors(ROOT, base, {"metrics"}) == []
