@@ -188,23 +188,31 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
     spec = {k: v for k, v in d.spec.items() if k not in cl.PLOT_KEYS}
     spec.setdefault("width", "container")
     spec.setdefault("height", 300)
+    if "layer" in spec:
+        given = spec.pop("layer")
+    else:
+        given = [{"mark": spec.pop("mark"), "encoding": spec.pop("encoding", {})}]
     layers = []
-    if "layer" not in spec:
-        mark = spec.pop("mark")
-        mark = {"type": mark} if isinstance(mark, str) else dict(mark)
-        mark.setdefault("tooltip", {"content": "data"})
-        if mark["type"] == "line":
-            mark.setdefault("point", True)
-        encoding = spec.pop("encoding", {})
-        layers.append({"mark": mark, "encoding": encoding})
+    for layer in given:  # each mark gets tooltips, and error bars where y is a timing
+        layer = dict(layer)
+        mark = layer.get("mark")
+        if mark is not None:
+            mark = {"type": mark} if isinstance(mark, str) else dict(mark)
+            mark.setdefault("tooltip", {"content": "data"})
+            if mark["type"] == "line":
+                mark.setdefault("point", True)
+            layer["mark"] = mark
+        layers.append(layer)
+        encoding = layer.get("encoding") or {}
         y = encoding.get("y", {})
-        if isinstance(y, dict) and f"{y.get('field')}_lo" in (data[0] if data else {}):
+        rows = layer.get("data", {}).get("values", data) if isinstance(layer.get("data"), dict) else data
+        timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
+        if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
             bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
             bar["y"] = {**y, "field": f"{y['field']}_lo"}
             bar["y2"] = {"field": f"{y['field']}_hi"}
-            layers.append({"mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
-    else:
-        layers = spec.pop("layer")
+            extra = {k: v for k, v in layer.items() if k in ("transform", "data")}
+            layers.append({**extra, "mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
     roof = d.spec.get("roof")
     if roof:
         enc = layers[0]["encoding"]

@@ -5,7 +5,8 @@ A number with a unit of time, bandwidth, throughput, memory, a percentage or a m
   - it is read from a result or data file ({{ NAME:path }} is not prose),
   - its sentence cites a published source (a link to an http(s) page or a footnote), or
   - its sentence carries `<!-- input: reason -->`: a number the page chose (a shape, a batch
-    size, a target), stated as such. Each page's markers are counted in the report.
+    size, a target), stated as such. Each page's markers are counted in the report, or
+  - it restates a bound of a claim in the same sentence ("快 2 倍以上" beside `... > 2`).
 Code (fences and spans), HTML comments, link targets and math are not prose.
 """
 
@@ -101,9 +102,29 @@ def lint(path: Path, text: str | None = None) -> tuple[list[Finding], int]:
         sentence = keep_comments[start:end]
         if INPUT.search(sentence) or CITATION.search(sentence):
             continue
+        bounds = claim_bounds(sentence)
         for m in TYPED.finditer(visible, start, end):
-            found.append(Finding(markup.line_of(text, m.start()), m.group(), sentence.strip()))
+            if not restates(m.group(), bounds):
+                found.append(Finding(markup.line_of(text, m.start()), m.group(), sentence.strip()))
     return found, len(markers)
+
+
+def claim_bounds(sentence: str) -> set[float]:
+    """The numbers written in the sentence's own claims: a bound the prose may restate."""
+    out = set()
+    for claim in markup.CLAIM.finditer(sentence):
+        expr = re.sub(r"\S+:\S+", " ", claim["expr"])  # references hold digits too
+        out |= {float(x) for x in re.findall(r"(?<![\w.])\d+(?:\.\d+)?", expr)}
+    return out
+
+
+def restates(typed: str, bounds: set[float]) -> bool:
+    """Whether "2 倍", "5%" or "80%" says a claim's own bound (2, 1.05 / 0.95 / 0.05, 0.8)."""
+    value = float(re.match(r"\d+(?:\.\d+)?", typed.replace(",", ""))[0])
+    options = {value}
+    if typed.rstrip().endswith(("%", "％")):
+        options |= {value / 100, 1 + value / 100, 1 - value / 100}
+    return any(abs(v - b) <= 1e-9 * max(1.0, abs(b)) for v in options for b in bounds)
 
 
 def errors(path: Path, shown: str | None = None) -> list[str]:

@@ -48,5 +48,14 @@ def test_a_citation_exempts_its_sentence_only():
 
 
 def test_input_marker_needs_a_reason():
-    with pytest.raises(prose.markup.PageError, match="demo.md:3: <!-- input: --> needs a reason"):
+    with pytest.raises(prose.markup.PageError, match=r"demo.md:3: <!-- input: --> needs a reason"):
         prose.lint(Path("docs/posts/demo.md"), "# T\n\n形状 64 MB。<!-- input: -->\n")
+
+
+def test_a_claims_own_bound_may_be_restated():
+    text = (
+        "# T\n\n图在每一行都快 2 倍以上。<!-- claim: r:rows[*].speedup > 2 -->\n\n"
+        "快不到 5%。<!-- claim: r:train[model=mid].speedup < 1.05 -->\n\n"
+        "快 3 倍。<!-- claim: r:rows[*].speedup > 2 -->\n"
+    )
+    assert lint(text) == ["7:3 倍"]

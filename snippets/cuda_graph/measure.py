@@ -1,11 +1,15 @@
-"""Timing decode steps and training steps: eager, CUDA graph, torch.compile(reduce-overhead)."""
+"""Timing decode steps and training steps: eager, CUDA graph, torch.compile(reduce-overhead).
 
-import statistics
+Every time is seen from Python (snippets.common.bench.python_ms): the wall clock of a run of
+back-to-back calls, as a generation or training loop waits for it, CPU overhead included.
+"""
+
 import time
 from dataclasses import replace
 
 import torch
 
+from snippets.common.bench import python_ms
 from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
 from snippets.qwen3_fusion.model import QWEN3_8B, Qwen3ForCausalLM
@@ -16,34 +20,23 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 8 laye
     num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=8)  # Qwen3-8B's widths, 8 layers
+CALLS = 30  # decode steps per timed repeat: an eager step is ~8 ms of CPU work
 # --8<-- [end:configs]
 
 
-def build(cfg, dtype, seed: int = 0):
-    """Random weights, created on the GPU (an 8B-wide layer initialised on the CPU is slow)."""
+def build(cfg, dtype, device="cuda", seed: int = 0):
+    """Random weights, created on the device (an 8B-wide layer initialised on the CPU is slow)."""
     torch.manual_seed(seed)
-    with torch.device("cuda"):
+    with torch.device(device):
         return Qwen3ForCausalLM(cfg).to(dtype).eval()
 
 
-# --8<-- [start:timing]
-def wall_ms(fn, calls: int = 30, repeats: int = 5) -> float:
-    """Median over `repeats` of the wall time of `calls` back-to-back calls, per call. Calls
-    are not separated by synchronisation, as in a generation loop: CPU and GPU overlap."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3 / calls)
-    return statistics.median(times)
-
-
-# --8<-- [end:timing]
+def random_cache(cfg, batch: int, max_len: int, dtype, device="cuda") -> StaticCache:
+    """A static cache full of random keys and values: timings are taken on non-zero data."""
+    cache = StaticCache.empty(cfg, batch, max_len, dtype, device)
+    cache.k.normal_()
+    cache.v.normal_()
+    return cache
 
 
 # --8<-- [start:decode]
@@ -63,46 +56,50 @@ def reduce_overhead_step(model, cache: StaticCache):
 
 def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> list[dict]:
     """Per-token latency of one decode step at context position `pos`, eager and as a
-    replayed CUDA graph, per batch size."""
+    replayed CUDA graph (inputs copied into its static buffers included), per batch size."""
     model = build(cfg, dtype)
-    cache = StaticCache.empty(cfg, max(batches), max_len, dtype, "cuda")
+    cache = random_cache(cfg, max(batches), max_len, dtype)
     graphed = GraphedDecoder(model, cache, batches)
     rows = []
     for b in batches:
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = wall_ms(lambda: decode_step(model, view, tokens, at))  # noqa: B023
-        graph = wall_ms(lambda: graphed(tokens, at))  # noqa: B023
+        eager = python_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS)  # noqa: B023
+        # a full repeat of warm-up: the GPU idled through the eager timing, now it is busy
+        graph = python_ms(lambda: graphed(tokens, at), calls=CALLS, warmup=CALLS)  # noqa: B023
         rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
-                     "tokens_per_s": b / graph * 1e3, "compile_ms": None})  # fmt: skip
+                     "tokens_per_s": b / graph * 1e3})  # fmt: skip
     return rows
 
 
-def compile_latency(cfg, rows, batches, dtype, max_len: int = 512, pos: int = 256):
-    """Adds reduce-overhead's latency, first-call time and whether it skipped CUDA graphs to
-    the rows of `batches`. Run after all eager timings: its compile workers use the CPU."""
-    model = build(cfg, dtype)
+def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
+                     device="cuda") -> dict:  # fmt: skip
+    """reduce-overhead at one batch size: the first call's time (compiling, in seconds), the
+    per-token latency after it, and whether it skipped CUDA graphs. Run it after every eager
+    timing: torch.compile's workers use the CPU."""
+    model = build(cfg, dtype, device)
+    tokens = torch.randint(0, cfg.vocab_size, (batch,), device=device)
+    at = torch.full((batch,), pos, device=device)
+    step = reduce_overhead_step(model, random_cache(cfg, batch, max_len, dtype, device))
     counters = torch._dynamo.utils.counters["inductor"]
-    by = {r["batch"]: r for r in rows}
-    for b in batches:
-        tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
-        at = torch.full((b,), pos, device="cuda")
-        step = reduce_overhead_step(model, StaticCache.empty(cfg, b, max_len, dtype, "cuda"))
-        skips = counters["cudagraph_skips"]
-        t0 = time.perf_counter()
-        step(tokens, at)
-        by[b]["compile_s"] = time.perf_counter() - t0
-        by[b]["compile_ms"] = wall_ms(lambda: step(tokens, at))  # noqa: B023
-        by[b]["cudagraph_skipped"] = counters["cudagraph_skips"] > skips
+    skips = counters["cudagraph_skips"]
+    t0 = time.perf_counter()
+    step(tokens, at)
+    compile_s = time.perf_counter() - t0
+    # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records
+    ms = python_ms(lambda: step(tokens, at), calls=CALLS, warmup=CALLS)
+    return {"compile_ms": ms, "compile_s": compile_s,
+            "cudagraph_skipped": counters["cudagraph_skips"] > skips}  # fmt: skip
 
 
 # --8<-- [end:decode]
 
 
 # --8<-- [start:train]
-def train_step_times(cfg, batch: int, seq: int, dtype) -> dict:
-    """One training step (forward, backward, fused AdamW) eager and as a replayed graph."""
+def train_step_times(cfg, batch: int, seq: int, dtype, calls: int) -> dict:
+    """One training step (forward, backward, fused AdamW) eager and as a replayed graph;
+    `calls` steps per timed repeat."""
     model = build(cfg, dtype).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
@@ -112,9 +109,9 @@ def train_step_times(cfg, batch: int, seq: int, dtype) -> dict:
         model(ids, labels=ids).backward()
         opt.step()
 
-    eager_ms = wall_ms(eager, calls=5, repeats=3)
+    eager_ms = python_ms(eager, calls=calls)
     graph, _ = captured_train_step(model, opt, ids)
-    graph_ms = wall_ms(graph.replay, calls=5, repeats=3)
+    graph_ms = python_ms(graph.replay, calls=calls)
     return {"eager_ms": eager_ms, "graph_ms": graph_ms, "speedup": eager_ms / graph_ms}
 
 
