@@ -205,7 +205,8 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         layers.append(layer)
         encoding = layer.get("encoding") or {}
         y = encoding.get("y", {})
-        rows = layer.get("data", {}).get("values", data) if isinstance(layer.get("data"), dict) else data
+        own = layer.get("data")
+        rows = own.get("values", data) if isinstance(own, dict) else data
         timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
         if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
             bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
