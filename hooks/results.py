@@ -12,6 +12,7 @@ build with the page and the line.
 
 from __future__ import annotations
 
+import copy
 import html
 import json
 import sys
@@ -182,10 +183,26 @@ def _flat(rows: list[dict], mapping: dict) -> list[dict]:
     return out
 
 
+def zero_axes(encoding: dict, rows: list[dict]) -> None:
+    """Quantitative x/y axes of non-negative data start at zero unless log-scaled (Vega-Lite
+    leaves point and line axes free to start anywhere)."""
+    for channel in ("x", "y"):
+        ch = encoding.get(channel)
+        if not isinstance(ch, dict) or ch.get("type") != "quantitative" or "field" not in ch:
+            continue
+        values = [r.get(ch["field"]) for r in rows]
+        numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+        scale = dict(ch.get("scale") or {})
+        if not numbers or min(numbers) < 0 or scale.get("type") in ("log", "symlog"):
+            continue
+        if "zero" not in scale and "domain" not in scale:
+            ch["scale"] = {**scale, "zero": True}
+
+
 def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
     rows = cl.rows_of(slug, d, results)
     data = _flat(rows, d.spec.get("map") or {})
-    spec = {k: v for k, v in d.spec.items() if k not in cl.PLOT_KEYS}
+    spec = copy.deepcopy({k: v for k, v in d.spec.items() if k not in cl.PLOT_KEYS})
     spec.setdefault("width", "container")
     spec.setdefault("height", 300)
     if "layer" in spec:
@@ -204,8 +221,9 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
             layer["mark"] = mark
         layers.append(layer)
         encoding = layer.get("encoding") or {}
-        y = encoding.get("y", {})
         own = layer.get("data")
+        zero_axes(encoding, own.get("values", data) if isinstance(own, dict) else data)
+        y = encoding.get("y", {})
         rows = own.get("values", data) if isinstance(own, dict) else data
         timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
         if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
@@ -216,7 +234,7 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
             layers.append({**extra, "mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
     roof = d.spec.get("roof")
     if roof:
-        enc = layers[0]["encoding"]
+        enc = {**(spec.get("encoding") or {}), **(layers[0].get("encoding") or {})}
         xf, yf = enc["x"]["field"], enc["y"]["field"]
         bw = cl.as_stat(cl.spec_ref(slug, d, str(roof["bandwidth"]), results)).median
         peak = cl.as_stat(cl.spec_ref(slug, d, str(roof["peak"]), results)).median
@@ -230,6 +248,7 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
             "encoding": {"x": {"field": xf, "type": "quantitative"},
                          "y": {"field": yf, "type": "quantitative"}},
         })  # fmt: skip
+    zero_axes(spec.get("encoding") or {}, data)
     return {**spec, "data": {"values": data}, "layer": layers}
 
 

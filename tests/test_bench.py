@@ -13,7 +13,11 @@ def test_clocks_agree_on_a_large_matmul():
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    graph, kernels, wall = graph_ms(lambda: a @ b), kernel_ms(lambda: a @ b), python_ms(lambda: a @ b)
+    graph, kernels, wall = (
+        graph_ms(lambda: a @ b),
+        kernel_ms(lambda: a @ b),
+        python_ms(lambda: a @ b),
+    )
     for t in (graph, kernels, wall):
         assert t.n == 7 and t.lo <= t.median <= t.hi and t.spread < 0.05, t
     assert (graph.clock, kernels.clock, wall.clock) == ("gpu-graph", "gpu-kernels", "python")
@@ -38,3 +42,22 @@ def test_ceilings_are_plausible_for_an_h200():
     c = ceilings()
     assert 3.0e12 < c["copy_bytes_per_s"].median < 5.0e12
     assert 4.0e14 < c["bf16_matmul_flop_per_s"].median < 1.0e15
+
+
+def test_kernel_ms_by_splits_a_call_by_kernel_class():
+    import torch
+
+    from snippets.common.bench import kernel_ms, kernel_ms_by
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        return (a @ a).relu_()
+
+    def classify(name):
+        return "other" if "elementwise" in name or "clamp" in name or "relu" in name else "gemm"
+
+    by = kernel_ms_by(step, classify)
+    assert set(by) == {"gemm", "other"} and all(c["kernels"] >= 1 for c in by.values())
+    total = by["gemm"]["ms"].median + by["other"]["ms"].median
+    assert abs(total / kernel_ms(step).median - 1) < 0.1

@@ -1,7 +1,5 @@
 """Claims and references (snippets/common/claims.py): selectors, interval judgement, errors."""
 
-from pathlib import Path
-
 import pytest
 
 from snippets.common import claims as cl
@@ -47,7 +45,10 @@ def test_lookup_with_selectors():
 
 
 def test_normalized_paths_and_selector_fields():
-    assert cl.normalized("rows[impl=ours,batch=1].ms") == ("rows[].ms", {"rows[].impl", "rows[].batch"})
+    assert cl.normalized("rows[impl=ours,batch=1].ms") == (
+        "rows[].ms",
+        {"rows[].impl", "rows[].batch"},
+    )
     assert cl.normalized("nested.full") == ("nested.full", set())
 
 
@@ -117,7 +118,8 @@ def test_reads_cover_numbers_tables_plots_and_claims(tmp_path):
     page.write_text(
         "{{ r:copy_tb_s }} <!-- claim: r:nested.full > 1 -->\n\n"
         "```table r\nrows: rows[impl=ours]\ncolumns: {batch: b}\n```\n\n"
-        "```plot r\nrows: rows\nmark: point\nencoding: {x: {field: batch}, y: {field: ms_lo}}\n```\n",
+        "```plot r\nrows: rows\nmark: point\n"
+        "encoding: {x: {field: batch}, y: {field: ms_lo}}\n```\n",
         encoding="utf-8",
     )
     assert cl.reads(page) == {

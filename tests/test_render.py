@@ -120,3 +120,12 @@ def test_columns_scale_and_roofs_read_the_datasheet(hook, results):
     assert cl.check_directive("demo", d, results) is None
     ridge = hook.vega_spec("demo", d, results)["layer"][0]["data"]["values"][1]
     assert ridge["ms"] == pytest.approx(989.5) and ridge["x"] == pytest.approx(989.5 / 4.8)
+
+
+def test_linear_axes_of_non_negative_data_start_at_zero(hook, results):
+    d = directive("plot", "rows: rows\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative}\n"
+                          "  y: {field: ms, type: quantitative, scale: {type: log}}\n")  # fmt: skip
+    enc = hook.vega_spec("demo", d, results)["layer"][0]["encoding"]
+    assert enc["x"]["scale"] == {"zero": True} and enc["y"]["scale"] == {"type": "log"}
+    assert "scale" not in d.spec["encoding"]["x"]  # the page's spec is left as written

@@ -81,11 +81,9 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     return Stat.of(samples, "gpu-graph")
 
 
-def kernel_ms(fn, *, repeats: int = REPEATS, calls: int = 10, warmup: int = 2) -> Stat:
-    """GPU time of one call of `fn`: its kernels' durations (CUPTI) summed, per repeat of
-    `calls` calls. Works for anything, capturable or not; time the GPU waits is not counted."""
-    for _ in range(warmup):
-        fn()
+def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
+    """Per repeat of `calls` calls: {class: [microseconds, kernels]} of the CUDA kernels (and
+    copies) the calls launched, read by CUPTI through torch.profiler."""
     torch.cuda.synchronize()
     cuda = torch.profiler.ProfilerActivity.CUDA
     with _quiet(), torch.profiler.profile(activities=[cuda]) as prof:
@@ -94,36 +92,64 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int = 10, warmup: int = 2) -
                 for _ in range(calls):
                     fn()
                 torch.cuda.synchronize()
+    device = torch.autograd.DeviceType.CUDA
     events = prof.events()
     ranges = sorted(
         (e.time_range.start, e.time_range.end)
         for e in events
-        if e.name.startswith("handbook_repeat_") and e.device_type != torch.autograd.DeviceType.CUDA
+        if e.name.startswith("handbook_repeat_") and e.device_type != device
     )
     if len(ranges) != repeats:
         raise RuntimeError(f"kernel_ms: expected {repeats} repeat ranges, found {len(ranges)}")
-    totals = [0.0] * repeats
-    counted = 0
-    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    for e in kernels:
-        if e.name.startswith("handbook_repeat_"):  # the GPU-side copy of a range marker
-            continue
-        start = e.time_range.start
-        for i, (lo, hi) in enumerate(ranges):
-            if lo <= start <= hi:
-                totals[i] += e.time_range.elapsed_us()
-                counted += 1
-                break
-    if counted == 0 or any(t <= 0 for t in totals):
+    sums: list[dict] = [{} for _ in range(repeats)]
+    for e in events:
+        if e.device_type != device or e.name.startswith("handbook_repeat_"):
+            continue  # CPU events, and the GPU-side copies of the range markers
+        i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= e.time_range.start <= hi), None)
+        if i is not None:
+            cell = sums[i].setdefault(classify(e.name), [0.0, 0])
+            cell[0] += e.time_range.elapsed_us()
+            cell[1] += 1
+    if any(not s for s in sums):
         raise RuntimeError("kernel_ms: the profiler recorded no CUDA kernel in some repeat")
-    return Stat.of([t / calls / 1e3 for t in totals], "gpu-kernels")
+    return sums
 
 
-def python_ms(fn, *, repeats: int = REPEATS, calls: int = 10, warmup: int = 3) -> Stat:
-    """Time seen from Python: wall clock of `calls` calls (not synchronised between calls,
-    as in a training or generation loop) and one synchronize, per call."""
+def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms: float = 10.0,
+              warmup: int = 2) -> Stat:  # fmt: skip
+    """GPU time of one call of `fn`: its kernels' durations (CUPTI) summed, per repeat of
+    `calls` calls (by default as many as take about target_ms). Works for anything, capturable
+    or not; time the GPU waits is not counted."""
     for _ in range(warmup):
         fn()
+    calls = calls or _calls_for(fn, target_ms, 1000)
+    sums = _kernel_sums(fn, repeats, calls, lambda name: None)
+    return Stat.of([s[None][0] / calls / 1e3 for s in sums], "gpu-kernels")
+
+
+def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1,
+                 warmup: int = 1) -> dict[str, dict]:  # fmt: skip
+    """kernel_ms per class of kernel: {classify(name): {"ms": Stat, "kernels": per call}}."""
+    for _ in range(warmup):
+        fn()
+    sums = _kernel_sums(fn, repeats, calls, classify)
+    classes = sorted({c for s in sums for c in s}, key=str)
+    out = {}
+    for c in classes:
+        ms = [s.get(c, [0.0, 0])[0] / calls / 1e3 for s in sums]
+        counts = sorted(s.get(c, [0.0, 0])[1] / calls for s in sums)
+        out[c] = {"ms": Stat.of(ms, "gpu-kernels"), "kernels": counts[len(counts) // 2]}
+    return out
+
+
+def python_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms: float = 20.0,
+              warmup: int = 3) -> Stat:  # fmt: skip
+    """Time seen from Python: wall clock of `calls` calls (not synchronised between calls,
+    as in a training or generation loop; by default as many as take about target_ms) and one
+    synchronize, per call."""
+    for _ in range(warmup):
+        fn()
+    calls = calls or _calls_for(fn, target_ms, 1000)
     samples = []
     with _quiet():
         for _ in range(repeats):

@@ -1,26 +1,37 @@
-"""The memory-time Pareto front of checkpointing policies, and picking one for a memory budget."""
+"""The memory-time Pareto front of checkpointing policies, and picking one for a memory budget.
+
+Memory is deterministic (a byte count); time is measured: a Stat with a range (lo..hi over the
+repeats), or a plain number where it is a model (FLOPs) or a stand-in. One point is faster than
+another only beyond that range, so the front and the pick do not move with the noise.
+"""
 
 import math
 
 
 # --8<-- [start:front]
-def dominates(a: dict, b: dict, time: str = "ms") -> bool:
-    """a needs no more memory and no more time than b, and strictly less of one."""
-    no_worse = a["peak"] <= b["peak"] and a[time] <= b[time]
-    return no_worse and (a["peak"] < b["peak"] or a[time] < b[time])
+def faster(a: dict, b: dict, time: str = "ms") -> bool:
+    """a is faster than b beyond the spread: a's slowest repeat beats b's fastest.
+    A plain number is its own range (lo = hi), so for numbers this is a < b."""
+    return getattr(a[time], "hi", a[time]) < getattr(b[time], "lo", b[time])
 
 
 def pareto_front(points: list[dict], time: str = "ms") -> list[dict]:
-    """The points no other point dominates, from the least memory to the most."""
-    front = [p for p in points if not any(dominates(q, p, time) for q in points)]
-    return sorted(front, key=lambda p: (p["peak"], p[time]))
+    """From the least memory up, a point joins the front when it is faster (beyond the spread)
+    than the last point that joined; the others need more memory for no measurable time.
+    Each front point is faster than every one before it and needs no less memory."""
+    front = []
+    for p in sorted(points, key=lambda p: (p["peak"], getattr(p[time], "median", p[time]))):
+        if not front or faster(p, front[-1], time):
+            front.append(p)
+    return front
 
 
 def recommend(points: list[dict], budget: float, time: str = "ms") -> dict | None:
-    """The fastest point whose peak fits the budget (ties: less memory); None if none fits.
-    It is always on the front: a point that dominated it would also fit and be no slower."""
-    fits = [p for p in points if p["peak"] <= budget]
-    return min(fits, key=lambda p: (p[time], p["peak"])) if fits else None
+    """The front point with the most memory that fits the budget (None if none fits): no point
+    that fits is faster beyond the spread, and of points within the spread of each other it is
+    the one that needs the least memory. A larger budget never picks a slower point."""
+    fits = [p for p in pareto_front(points, time) if p["peak"] <= budget]
+    return fits[-1] if fits else None
 
 
 # --8<-- [end:front]

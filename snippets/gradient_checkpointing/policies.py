@@ -5,6 +5,7 @@ outputs are kept (selective activation checkpointing, SAC); everything else is r
 backward. Layers are wrapped in place: model.model.layers[i] = Checkpointed(layer, ...).
 """
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -74,6 +75,11 @@ class Policy:
     name: str
     layers: Callable[[int, int], bool]  # (layer index, number of layers) -> checkpoint it?
     saves: frozenset = frozenset()  # in checkpointed layers: outputs kept (empty: none)
+
+    @property
+    def key(self) -> str:
+        """The name as a results key: "sac: attention + q/k/v/o" -> sac_attention_q_k_v_o."""
+        return re.sub(r"\W+", "_", self.name).strip("_")
 
     def modes(self, n_layers: int) -> list[frozenset | None]:
         """Per layer: None (not checkpointed) or the set of outputs it keeps."""

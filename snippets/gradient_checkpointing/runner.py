@@ -97,15 +97,17 @@ def per_layer_costs(rows, policies, n_layers: int, tokens: int) -> dict:
 
 
 def analyze(rows, policies, cfg, seq: int, n_layers: int, itemsize: int, scenario: dict):
-    """Table rows for the measured stack and for the scenario, and the values the page cites.
+    """Rows for the measured stack and for the scenario, and the scenario's picks.
 
-    rows: measure() results with "ms" (and optionally "peak_half", the peak at seq // 2 tokens)
-    added, one per policy, "none" first, on a stack of n_layers layers of cfg and one sequence
-    of seq tokens. scenario: {"layers", "fixed", "budget", "micro_batches"} for the
-    extrapolation to a deep model; fixed and budget in bytes.
+    rows: measure() results with "ms" (a Stat on the GPU, a number in the CPU tests) and
+    "peak_half" (the peak at seq // 2 tokens) added, one per policy, "none" first, on a stack
+    of n_layers layers of cfg and one sequence of seq tokens. scenario: {"layers", "fixed",
+    "budget", "micro_batches"} for the extrapolation to a deep model; fixed and budget in bytes.
     """
     none = rows[0]
     step = n_layers * acc.step_flops(cfg, 1, seq)
+    front = [id(r) for r in pareto_front(rows)]
+    pick = recommend(rows, none["peak"] / 2)  # the example: activation memory must be halved
     measured = []
     for i, (row, policy) in enumerate(zip(rows, policies, strict=True), 1):
         modes = policy.modes(n_layers)
@@ -113,68 +115,47 @@ def analyze(rows, policies, cfg, seq: int, n_layers: int, itemsize: int, scenari
         measured.append(
             {
                 "idx": i,
-                "policy": policy.name,
+                "policy": policy.key,
                 "kept_gib": row["kept"] / 2**30,
-                "kept_predicted_gib": acc.kept_after_forward(cfg, 1, seq, itemsize, modes) / 2**30,
-                "peak": row["peak"],
+                "kept_formula_gib": acc.kept_after_forward(cfg, 1, seq, itemsize, modes) / 2**30,
                 "peak_gib": row["peak"] / 2**30,
                 "ms": row["ms"],
-                "ms_p20": row.get("ms_p20"),
-                "ms_p80": row.get("ms_p80"),
-                "slowdown": row["ms"] / none["ms"] - 1,
-                "flop_slowdown": recompute / step,
+                "vs_none": 1.0 if row is none else row["ms"] / none["ms"],  # a ratio, not a gap
+                "flop_ratio": 1 + recompute / step,  # the same ratio from matmul + attention FLOPs
+                "front": id(row) in front,
+                "recommended": row is pick,
             }
         )
-    front = pareto_front(measured)
-    budget = none["peak"] / 2  # the example: activation memory must be halved
-    pick = recommend(measured, budget)
-    for r in measured:
-        r["front"] = r in front
-        r["recommended"] = r is pick
-        r["mark"] = ("✓" if r["front"] else "") + (" ★" if r["recommended"] else "")
 
     costs = per_layer_costs(rows, policies, n_layers, seq)
-    deep = []
+    deep, models = [], []
     for row, policy in zip(rows, policies, strict=True):
         # peak = offset + slope x tokens through the points at seq and seq // 2 tokens; the
         # offset does not grow with tokens (e.g. a weight's gradient before it is accumulated)
-        if "peak_half" in row:
-            slope = (row["peak"] - row["peak_half"]) / (seq - seq // 2)
-        else:
-            slope = row["peak"] / seq
+        slope = (row["peak"] - row["peak_half"]) / (seq - seq // 2)
         offset = row["peak"] - slope * seq
         working = slope - row["kept"] / seq  # kept is exactly proportional to the tokens
-        model = scale_to(policy.types(scenario["layers"]), costs, working, scenario["fixed"])
-        model["fixed"] += offset
+        types = policy.types(scenario["layers"])
+        model = scale_to(types, costs, working, scenario["fixed"] + offset)
+        models.append((policy.key, model))
         deep.append(
             {
-                "policy": policy.name,
+                "policy": policy.key,
                 "gib_per_sequence": model["bytes_per_token"] * seq / 2**30,
                 "offset_gib": offset / 2**30,
                 "max_sequences": max_tokens(model, scenario["budget"], seq) // seq,
                 "ms_per_sequence": model["ms_per_token"] * seq,
-                "ms": model["ms_per_token"] * seq,
-                "model": model,
             }
         )
-    picks = {}
+    picks = []
     for n in scenario["micro_batches"]:
         points = [
-            {"policy": d["policy"], "peak": peak_bytes(d["model"], n * seq), "ms": n * d["ms"]}
-            for d in deep
+            {"policy": key, "peak": peak_bytes(m, n * seq), "ms": n * seq * m["ms_per_token"]}
+            for key, m in models
         ]
         best = recommend(points, scenario["budget"])
-        picks[str(n)] = best["policy"] if best else "—"
-    values = {
-        "front": [r["policy"] for r in front],
-        "recommended": pick["policy"] if pick else "—",
-        "budget_gib": budget / 2**30,
-        "kept_error": max(abs(r["kept_gib"] / r["kept_predicted_gib"] - 1) for r in measured),
-        "recommend": picks,
-    }
-    for d in deep:
-        del d["model"], d["ms"]
-    return measured, deep, values
+        picks.append({"sequences": n, "policy": best["policy"] if best else None})
+    return measured, deep, picks
 
 
 # --8<-- [end:analyze]

@@ -8,6 +8,7 @@ import dataclasses
 
 import torch
 
+from snippets.common.results import computed_result
 from snippets.gradient_checkpointing import accounting as acc
 from snippets.gradient_checkpointing.measure import LiveMemory, MatmulFlops, autograd_saved
 from snippets.gradient_checkpointing.pareto import pareto_front, recommend
@@ -211,3 +212,16 @@ picks = {gib: recommend(points, gib * 2**30, time="flops")["name"] for gib in (4
 print(picks)
 #> {40: 'sac: all but down_proj', 16: 'sac: attention + q/k/v/o', 8: 'sac: attention'}
 # --8<-- [end:predicted]
+
+# The figures the prose quotes, recorded and checked on every run
+# (results/gradient-checkpointing/layer-bytes.json; `--update-examples` rewrites it).
+computed_result(
+    "gradient-checkpointing",
+    "layer-bytes",
+    {
+        "per_token_over_h": per_token / h,
+        "inside_over_boundary": per_token / boundary,
+        "fp32_copies_share": fp32_copies / layer,
+        "cheap_share": cheap / sum(r["bytes"] for r in rows),
+    },
+)

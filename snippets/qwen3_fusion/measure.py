@@ -2,13 +2,17 @@
 
 Functions only; bench_gpu.py runs them on the H200 at Qwen3-8B shapes. They also run on the
 CPU at the TINY shapes (tests/snippets/test_qwen3_fusion.py), with a stand-in timer.
+Every time is a Stat (median and range of repeats, snippets/common/results.py); derived
+figures (rates, fractions) are Stat arithmetic and keep the range.
 """
+
+import re
 
 import torch
 import torch.nn.functional as F
-from torch.autograd import DeviceType
-from torch.profiler import ProfilerActivity, profile
 
+from snippets.common.bench import REPEATS, kernel_ms_by, rate
+from snippets.common.results import Stat
 from snippets.qwen3_fusion.accounting import BYTES, layer_ops
 from snippets.qwen3_fusion.model import (
     DecoderLayer,
@@ -76,27 +80,35 @@ def op_runners(cfg, batch, seq, device, dtype):
 
 
 # --8<-- [start:per_op]
+def op_key(name: str) -> str:
+    """An operator's name as a results key: "q_norm + k_norm" -> q_norm_k_norm."""
+    return re.sub(r"\W+", "_", name).strip("_")
+
+
 def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
-    """One row per operator: measured forward/backward time against the accounting."""
+    """One row per operator of layer_ops (the two identical residual adds once): timer(fn) ->
+    Stat of its forward and backward, against the accounting. An identity backward launches
+    no kernel of its own: its time and bandwidth are None."""
     runners = op_runners(cfg, batch, seq, device, dtype)
+    copy = ceilings["copy_bytes_per_s"]
     rows = []
-    for idx, (fwd_op, bwd_op) in enumerate(layer_ops(cfg, batch, seq), 1):
+    for fwd_op, bwd_op in layer_ops(cfg, batch, seq):
+        if any(r["op"] == op_key(fwd_op.name) for r in rows):
+            continue
         fwd, bwd = runners[fwd_op.name]
-        t_fwd, t_bwd = timer(fwd)["median"], timer(bwd)["median"]
+        t_fwd = timer(fwd)
+        t_bwd = timer(bwd) if bwd_op.bytes else None
         rows.append(
             {
-                "idx": idx,
-                "op": fwd_op.name,
+                "idx": len(rows) + 1,
+                "op": op_key(fwd_op.name),
                 "kind": fwd_op.kind,
                 "intensity": fwd_op.intensity,
                 "fwd_ms": t_fwd,
                 "bwd_ms": t_bwd,
-                "fwd_tflops": fwd_op.flops / t_fwd / 1e9,
-                "fwd_tb_s": fwd_op.bytes / t_fwd / 1e9,
-                "fwd_of_copy": fwd_op.bytes / t_fwd * 1e3 / ceilings["copy_bytes_per_s"],
-                "bwd_of_copy": (bwd_op.bytes / t_bwd * 1e3 / ceilings["copy_bytes_per_s"])
-                if bwd_op.bytes
-                else None,  # an identity backward moves no bytes of its own
+                "fwd_tflops": rate(fwd_op.flops, t_fwd) / 1e12,
+                "fwd_of_copy": rate(fwd_op.bytes, t_fwd) / copy,
+                "bwd_of_copy": rate(bwd_op.bytes, t_bwd) / copy if t_bwd is not None else None,
             }
         )
     return rows
@@ -106,42 +118,43 @@ def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
 
 
 # --8<-- [start:profile]
+CLASSES = ("matmul", "attention", "memory")  # memory: elementwise, reductions, casts, copies
+
+
 def kernel_class(name: str) -> str:
     n = name.lower()
     if any(s in n for s in ("flash", "fmha", "attention", "sdpa", "attn")):
         return "attention"
     if any(s in n for s in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "sm90")):
         return "matmul"
-    return "memory-bound"
+    return "memory"
 
 
-def profile_step(step, steps=3, activities=(ProfilerActivity.CUDA,)):
-    """Kernels per step and time per kernel class (ms per step) from torch.profiler."""
-    step()  # warm-up; compiles when step is compiled
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    with profile(activities=list(activities)) as prof:
-        for _ in range(steps):
-            step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
-    by_class = {"matmul": 0.0, "attention": 0.0, "memory-bound": 0.0}
-    for e in kernels:
-        by_class[kernel_class(e.name)] += e.time_range.elapsed_us() / 1e3 / steps
-    return {"kernels": len(kernels) / steps, **{f"{k}_ms": v for k, v in by_class.items()}}
+def profile_step(step, repeats=REPEATS):
+    """Per kernel class: kernels launched per step, and their time per step as a Stat over
+    `repeats` steps (kernel_ms_by: each step's kernel durations summed by class), with its share
+    of the step's kernel time."""
+    by = kernel_ms_by(step, kernel_class, repeats=repeats)
+    none = {"ms": Stat.of([0.0] * repeats, "gpu-kernels"), "kernels": 0}
+    times = {c: by.get(c, none) for c in CLASSES}
+    total = sum(t["ms"] for t in times.values())
+    return [
+        {"class": c, "kernels": int(times[c]["kernels"]), "ms": times[c]["ms"],
+         "share": times[c]["ms"] / total}
+        for c in CLASSES
+    ]  # fmt: skip
 
 
-def layer_step(cfg, batch, seq, device, dtype, compiled=False):
+def layer_step(cfg, batch, seq, device, dtype):
+    """One forward and backward of a decoder layer (eager), on random data."""
     torch.manual_seed(0)
     layer = DecoderLayer(cfg, Kernels()).to(device, dtype)
     x = _leaf(batch, seq, cfg.hidden_size, device=device, dtype=dtype)
     cos, sin = rope_tables(cfg, seq, device)
     dy = torch.randn_like(x)
-    forward = torch.compile(layer) if compiled else layer
 
     def step():
-        forward(x, cos, sin).backward(dy)
+        layer(x, cos, sin).backward(dy)
 
     return step
 
@@ -150,35 +163,44 @@ def layer_step(cfg, batch, seq, device, dtype, compiled=False):
 
 
 # --8<-- [start:candidates]
-def fusion_candidates(cfg, batch, seq, ops: dict, copy_bytes_per_s: float):
-    """Rank fusions by their ceiling: measured eager time of the fused group minus the time the
-    fused kernel needs at copy bandwidth to read its inputs and write its outputs once."""
+def fusion_candidates(cfg, batch, seq, ops: dict, copy_bytes_per_s, layer_ms):
+    """Per fusion: the measured eager time of the group it replaces (forward + backward, per
+    layer), the time the fused kernel needs at copy bandwidth to read its inputs and write its
+    outputs once (its floor), the floor as a fraction of eager, and eager as a fraction of the
+    layer's kernel time. Ranked by the most a fusion can save, eager minus floor."""
     t, h, i = batch * seq, cfg.hidden_size, cfg.intermediate_size
     qk = t * (cfg.num_attention_heads + cfg.num_key_value_heads) * cfg.head_dim
 
-    def ms(*names):
-        return sum(ops[n]["fwd_ms"] + ops[n]["bwd_ms"] for n in names)
+    def ms(*names):  # an identity backward (the residual add) has no time of its own
+        return sum(ops[n]["fwd_ms"] + (ops[n]["bwd_ms"] or 0) for n in names)
 
     groups = [
-        # (name, eager group, times per layer, fused bytes fwd + bwd)
-        ("RMSNorm（单 kernel）", ["input_layernorm"], 2, BYTES * (2 * t * h + 3 * t * h)),
+        # (key, eager group, times per layer, fused bytes fwd + bwd)
+        ("rmsnorm", ["input_layernorm"], 2, BYTES * (2 * t * h + 3 * t * h)),
         (
-            "残差加 + RMSNorm",
-            ["residual add", "input_layernorm"],
+            "add_rmsnorm",
+            ["residual_add", "input_layernorm"],
             2,
             BYTES * (4 * t * h + 4 * t * h),  # fwd: x, r in; sum, y out. bwd: dy, ds, s in; ds out
         ),
-        ("QK-Norm + RoPE", ["q_norm + k_norm", "rope (q, k)"], 1, BYTES * (2 * qk + 3 * qk)),
-        ("SiLU(gate) ⊙ up", ["silu(gate) * up"], 1, BYTES * (3 * t * i + 5 * t * i)),
+        ("qk_norm_rope", ["q_norm_k_norm", "rope_q_k"], 1, BYTES * (2 * qk + 3 * qk)),
+        ("swiglu", ["silu_gate_up"], 1, BYTES * (3 * t * i + 5 * t * i)),
     ]
     rows = []
-    for name, members, per_layer, fused_bytes in groups:
+    for key, members, per_layer, fused_bytes in groups:
         eager = per_layer * ms(*members)
         floor = per_layer * fused_bytes / copy_bytes_per_s * 1e3
         rows.append(
-            {"fusion": name, "eager_ms": eager, "floor_ms": floor, "saving_ms": eager - floor}
+            {
+                "fusion": key,
+                "eager_ms": eager,
+                "floor_ms": floor,
+                "floor_of_eager": floor / eager,
+                "eager_of_layer": eager / layer_ms,
+            }
         )
-    return sorted(rows, key=lambda r: -r["saving_ms"])
+    saving = {r["fusion"]: r["eager_ms"] - r["floor_ms"] for r in rows}  # ranks; not stored
+    return sorted(rows, key=lambda r: -getattr(saving[r["fusion"]], "median", saving[r["fusion"]]))
 
 
 # --8<-- [end:candidates]

@@ -1,7 +1,8 @@
 """Benchmark functions: byte models, runners for ours / eager / torch.compile / Liger Kernel.
 
-Functions only; bench_gpu.py runs them on the GPU at Qwen3-8B shapes. They also run on the CPU
-at tiny shapes (tests/snippets/test_triton_kernels.py) with a stand-in timer.
+Functions only; bench_gpu.py runs them on the GPU at Qwen3-8B shapes with the clocks of
+snippets/common/bench.py (kernel_ms, python_ms), which come in as arguments: on the CPU they
+run at tiny shapes (tests/snippets/test_triton_kernels.py) with stand-in clocks.
 """
 
 import importlib
@@ -46,10 +47,10 @@ def byte_model(op: str, s: Shapes, elem: int) -> tuple[int, int]:
     t, h, i = s.tokens, s.hidden, s.intermediate
     qk = t * (s.q_heads + s.kv_heads) * s.head_dim
     fwd, bwd = {
-        "RMSNorm": (2 * t * h, 3 * t * h),  # x -> y;  dy, x -> dx
-        "残差加 + RMSNorm": (4 * t * h, 4 * t * h),  # x, r -> s, y;  dy, ds, s -> dx (= dr)
-        "SwiGLU": (3 * t * i, 5 * t * i),  # gate, up -> h;  dh, gate, up -> dgate, dup
-        "RoPE (q, k)": (2 * qk, 2 * qk),  # q, k -> q, k;  dq, dk -> dq, dk
+        "rmsnorm": (2 * t * h, 3 * t * h),  # x -> y;  dy, x -> dx
+        "add_rmsnorm": (4 * t * h, 4 * t * h),  # x, r -> s, y;  dy, ds, s -> dx (= dr)
+        "swiglu": (3 * t * i, 5 * t * i),  # gate, up -> h;  dh, gate, up -> dgate, dup
+        "rope": (2 * qk, 2 * qk),  # q, k -> q, k;  dq, dk -> dq, dk
     }[op]
     return fwd * elem, bwd * elem
 
@@ -63,7 +64,8 @@ def loss_flops(s: Shapes) -> int:
 
 
 # --8<-- [start:implementations]
-OPS = ("RMSNorm", "残差加 + RMSNorm", "SwiGLU", "RoPE (q, k)")
+OPS = ("rmsnorm", "add_rmsnorm", "swiglu", "rope")  # data keys; the page maps them to names
+IMPLS = ("ours", "eager", "compile", "liger")  # compile: torch.compile; liger: Liger Kernel
 
 
 def liger_ops():
@@ -83,10 +85,10 @@ def liger_ops():
     loss = flce.LigerFusedLinearCrossEntropyLoss()  # mean over labels != -100; (weight, x, y)
     return {
         "version": version,
-        "RMSNorm": lambda x, w, eps: lk.LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False),
-        "残差加 + RMSNorm": add_norm,
-        "SwiGLU": lambda g, u: lk.LigerSiLUMulFunction.apply(g, u),
-        "RoPE (q, k)": lambda q, k, cos, sin: rope.liger_rotary_pos_emb(q, k, cos, sin),
+        "rmsnorm": lambda x, w, eps: lk.LigerRMSNormFunction.apply(x, w, eps, 0.0, "llama", False),
+        "add_rmsnorm": add_norm,
+        "swiglu": lambda g, u: lk.LigerSiLUMulFunction.apply(g, u),
+        "rope": lambda q, k, cos, sin: rope.liger_rotary_pos_emb(q, k, cos, sin),
         "loss": lambda h, w, y: loss(w, h.reshape(-1, h.shape[-1]), y.reshape(-1)),
     }
 
@@ -101,24 +103,24 @@ def eager_ops(hidden, eps):
         s = x + r
         return s, rms(s, w, eps)
 
-    return {"RMSNorm": rms, "残差加 + RMSNorm": add_norm, "SwiGLU": eager_swiglu,
-            "RoPE (q, k)": eager_rope, "loss": lm_loss}  # fmt: skip
+    return {"rmsnorm": rms, "add_rmsnorm": add_norm, "swiglu": eager_swiglu, "rope": eager_rope,
+            "loss": lm_loss}  # fmt: skip
 
 
 def implementations(names, hidden, eps):
     """{implementation: {op: callable}} for the requested names that are available here."""
-    ours = {"RMSNorm": rms_norm, "残差加 + RMSNorm": add_rms_norm, "SwiGLU": swiglu,
-            "RoPE (q, k)": apply_rope, "loss": LinearCrossEntropyFunction.apply}  # fmt: skip
+    ours = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu,
+            "rope": apply_rope, "loss": LinearCrossEntropyFunction.apply}  # fmt: skip
     found = {}
     for name in names:
         if name == "ours":
             found[name] = ours
         elif name == "eager":
             found[name] = eager_ops(hidden, eps)
-        elif name == "torch.compile":
+        elif name == "compile":  # compiled on first call, for these shapes only
             eager = eager_ops(hidden, eps)
             found[name] = {op: torch.compile(fn, dynamic=False) for op, fn in eager.items()}
-        elif name == "Liger Kernel" and isinstance(liger := liger_ops(), dict):
+        elif name == "liger" and isinstance(liger := liger_ops(), dict):
             found[name] = liger
     return found
 
@@ -137,11 +139,11 @@ def op_inputs(op, s: Shapes, device, dtype):
     def weight():
         return (1 + 0.1 * torch.randn(h, device=device)).to(dtype).requires_grad_()
 
-    if op == "RMSNorm":
+    if op == "rmsnorm":
         return [leaf(t, h), weight()], [s.eps]
-    if op == "残差加 + RMSNorm":
+    if op == "add_rmsnorm":
         return [leaf(t, h), leaf(t, h), weight()], [s.eps]
-    if op == "SwiGLU":
+    if op == "swiglu":
         return [leaf(t, s.intermediate), leaf(t, s.intermediate)], []
     cfg = replace(QWEN3_8B, head_dim=s.head_dim)
     cos, sin = (x.to(dtype) for x in rope_tables(cfg, s.seq, device))
@@ -172,71 +174,71 @@ def runners(fn, leaves, extra):
     return forward, backward, both
 
 
-def kernel_ms(fn, calls: int = 20) -> float:
-    """GPU time of one call: the durations of the kernels it launched (recorded by CUPTI
-    through torch.profiler), summed and averaged over `calls` calls. Time in which the GPU
-    waits for the CPU (Python, the autograd engine, launch overhead) is not counted."""
-    fn()
-    torch.cuda.synchronize()
-    activity = torch.profiler.ProfilerActivity.CUDA
-    with torch.profiler.profile(activities=[activity]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == cuda)
-    if us <= 0:
-        raise RuntimeError("kernel_ms: the profiler recorded no CUDA kernel")
-    return us / calls / 1e3
-
-
 # --8<-- [end:runners]
 
 
 # --8<-- [start:measure]
-def measure_ops(s: Shapes, device, dtype, timer, copy_bytes_per_s, impls, ops=OPS,
-                gpu_time=None):  # fmt: skip
-    """One row per (operator, implementation): times and fractions of the copy bandwidth.
-
-    With `gpu_time` (kernel_ms on the GPU) the three times are the kernels' own time;
-    `launch_ms` is forward + backward timed as called from Python, as in eager training,
-    with the CPU's overhead included when the GPU has to wait for it."""
+def measure_ops(s: Shapes, device, dtype, kernel_time, python_time, copy_bytes_per_s, impls,
+                ops=OPS):  # fmt: skip
+    """Two lists of rows. `ops`: one row per (operator, implementation), the kernels' own time of
+    the forward and of the backward (kernel_time: kernel_ms on the GPU) and their fractions of
+    the copy bandwidth. `fwdbwd`: one row per operator, forward + backward of each
+    implementation (the sum of its two timings), and ours as called from Python (python_time:
+    python_ms), as in eager training: CPU overhead counts whenever the GPU waits for it."""
     elem = torch.finfo(dtype).bits // 8
-    rows = []
+    rows, fwdbwd = [], []
     for op in ops:
         fwd_bytes, bwd_bytes = byte_model(op, s, elem)
+        both_row = {"op": op}
         for name, fns in impls.items():
             leaves, extra = op_inputs(op, s, device, dtype)
-            calls = runners(fns[op], leaves, extra)
-            fwd, bwd, both = (gpu_time(f) if gpu_time else timer(f)["median"] for f in calls)
-            rows.append(
-                {
-                    "op": op,
-                    "impl": name,
-                    "fwd_ms": fwd,
-                    "bwd_ms": bwd,
-                    "fwdbwd_ms": both,
-                    "launch_ms": timer(calls[2])["median"],
-                    "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
-                    "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s,
-                    "fwdbwd_of_copy": rate(fwd_bytes + bwd_bytes, both) / copy_bytes_per_s,
-                }
-            )
-            del leaves, extra, calls
+            forward, backward, both = runners(fns[op], leaves, extra)
+            fwd, bwd = kernel_time(forward), kernel_time(backward)
+            rows.append({"op": op, "impl": name, "fwd_ms": fwd, "bwd_ms": bwd,
+                         "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
+                         "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s})  # fmt: skip
+            both_row[name] = fwd + bwd
+            if name == "ours":
+                both_row["ours_python"] = python_time(both)
+            del leaves, extra, forward, backward, both
+        fwdbwd.append(both_row)
+    return rows, fwdbwd
+
+
+def sweep_rows_per_program(s: Shapes, device, dtype, kernel_time, copy_bytes_per_s, choices):
+    """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
+    flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
+    elem = torch.finfo(dtype).bits // 8
+    t, h = s.tokens, s.hidden
+    rows = []
+    for per in choices:
+        leaves, extra = op_inputs("rmsnorm", s, device, dtype)
+
+        def norm(x, w, eps, per=per):
+            return RMSNormFunction.apply(x, w, eps, None, per)
+
+        ms = kernel_time(runners(norm, leaves, extra)[1])
+        programs = -(-t // per)
+        rows.append({"rows_per_program": per, "programs": programs,
+                     "partial_mb": 2 * programs * h * 4 / 1e6, "bwd_ms": ms,
+                     "bwd_of_copy": rate(3 * t * h * elem, ms) / copy_bytes_per_s})  # fmt: skip
     return rows
 
 
-def sweep_rmsnorm(hiddens, tokens, device, dtype, gpu_time, copy_bytes_per_s, impls):
-    """RMSNorm forward + backward over hidden sizes: fraction of the copy bandwidth per impl."""
+def sweep_rmsnorm(hiddens, tokens, device, dtype, kernel_time, copy_bytes_per_s, impls):
+    """RMSNorm forward + backward over hidden sizes: kernel time and fraction of the copy
+    bandwidth per implementation (columns <impl>_ms, <impl>_of_copy)."""
     elem = torch.finfo(dtype).bits // 8
     rows = []
     for h in hiddens:
         s = Shapes(batch=1, seq=tokens, hidden=h)
         row = {"hidden": h}
+        nbytes = sum(byte_model("rmsnorm", s, elem))
         for name, fns in impls.items():
-            leaves, extra = op_inputs("RMSNorm", s, device, dtype)
-            ms = gpu_time(runners(fns["RMSNorm"], leaves, extra)[2])
-            row[name] = rate(5 * tokens * h * elem, ms) / copy_bytes_per_s
+            leaves, extra = op_inputs("rmsnorm", s, device, dtype)
+            ms = kernel_time(runners(fns["rmsnorm"], leaves, extra)[2])
+            row[f"{name}_ms"] = ms
+            row[f"{name}_of_copy"] = rate(nbytes, ms) / copy_bytes_per_s
         rows.append(row)
     return rows
 
@@ -248,29 +250,14 @@ def loss_variant(chunk_rows, dw_dtype):
     return loss
 
 
-def sweep_rows_per_program(s: Shapes, device, dtype, gpu_time, copy_bytes_per_s, choices):
-    """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
-    flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
-    elem = torch.finfo(dtype).bits // 8
-    t, h = s.tokens, s.hidden
-    rows = []
-    for per in choices:
-        leaves, extra = op_inputs("RMSNorm", s, device, dtype)
-
-        def norm(x, w, eps, per=per):
-            return RMSNormFunction.apply(x, w, eps, None, per)
-
-        ms = gpu_time(runners(norm, leaves, extra)[1])
-        programs = -(-t // per)
-        rows.append({"rows_per_program": per, "programs": programs, "bwd_ms": ms,
-                     "bwd_of_copy": rate(3 * t * h * elem, ms) / copy_bytes_per_s,
-                     "partial_mb": 2 * programs * h * 4 / 1e6})  # fmt: skip
-    return rows
+DW_ACCUM = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def measure_loss(s: Shapes, device, dtype, timer, matmul_flop_per_s, impls, memory, variants):
-    """Linear + cross-entropy: time, matmul-throughput fraction, and peak memory beyond the
-    inputs and the two gradients every implementation returns (dh, dW), vs the bf16 logits."""
+def measure_loss(s: Shapes, device, dtype, kernel_time, matmul_flop_per_s, impls, memory, variants):
+    """Linear + cross-entropy, forward + backward: time, matmul-throughput fraction, and peak
+    memory beyond the inputs and the two gradients every implementation returns (dh, dW), as a
+    fraction of the bf16 logits. `variants`: (implementation, options), options = (chunk
+    rows, dW accumulator dtype) for ours."""
     gen = torch.Generator(device=device).manual_seed(0)
     h = torch.randn(s.tokens, s.hidden, device=device, dtype=dtype, generator=gen)
     w = torch.randn(s.vocab, s.hidden, device=device, dtype=dtype, generator=gen) * s.hidden**-0.5
@@ -279,31 +266,22 @@ def measure_loss(s: Shapes, device, dtype, timer, matmul_flop_per_s, impls, memo
     logits_bytes = s.tokens * s.vocab * torch.finfo(dtype).bits // 8
     grads_bytes = (h.numel() + w.numel()) * torch.finfo(dtype).bits // 8
     rows = []
-    for label, name, options in variants:  # options: (chunk_rows, dW accumulator dtype) for ours
+    for name, options in variants:
         if name not in impls:
             continue
-        fn = impls[name]["loss"]
-        if options:
-            fn = loss_variant(*options)
-
-        def forward(fn=fn):
-            return fn(h, w, y)
+        fn = loss_variant(*options) if options else impls[name]["loss"]
 
         def both(fn=fn):
             return torch.autograd.grad(fn(h, w, y), (h, w))
 
-        fwd_ms, both_ms = timer(forward)["median"], timer(both)["median"]
+        ms = kernel_time(both)  # first: compiles what needs compiling
         extra = memory(both) - grads_bytes
-        rows.append(
-            {
-                "impl": label,
-                "fwd_ms": fwd_ms,
-                "fwdbwd_ms": both_ms,
-                "of_matmul": rate(loss_flops(s), both_ms) / matmul_flop_per_s,
-                "extra_gib": extra / 2**30,
-                "extra_of_logits": extra / logits_bytes,
-            }
-        )
+        row = {"impl": name}
+        if options:
+            row |= {"chunk_rows": options[0], "dw_accum": DW_ACCUM[options[1]]}
+        row |= {"ms": ms, "of_matmul": rate(loss_flops(s), ms) / matmul_flop_per_s,
+                "extra_gib": extra / 2**30, "extra_of_logits": extra / logits_bytes}  # fmt: skip
+        rows.append(row)
     return rows
 
 

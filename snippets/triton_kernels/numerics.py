@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from snippets.common.device import ON_GPU
+
 U = 2.0**-24  # fp32, the kernels' arithmetic
 
 
@@ -44,6 +46,10 @@ def within(got: dict, exact: dict, bound: dict) -> bool:
     return all(bool(((got[k].double() - exact[k]).abs() <= bound[k]).all()) for k in got)
 
 
+# The checks below run fp32 and fp16 in the CPU's Triton interpreter (it mangles bf16), and
+# bf16 only on the GPU: there the fp32 and fp16 arithmetic adds nothing the CPU has not
+# checked, only another compile of every kernel.
+CHECK_DTYPES = (torch.bfloat16,) if ON_GPU else (torch.float32, torch.float16)
 # --8<-- [end:basics]
 
 

@@ -12,8 +12,8 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from snippets.common.device import DEVICE, LOW_PRECISION
-from snippets.triton_kernels.numerics import rmsnorm_exact, within
+from snippets.common.device import DEVICE
+from snippets.triton_kernels.numerics import CHECK_DTYPES, rmsnorm_exact, within
 
 MAX_BLOCK = 8192  # widest row (elements) kept whole in registers; wider rows loop over blocks
 ROWS_PER_PROGRAM = 16  # backward: rows per program, whose dw partial sum stays in registers
@@ -280,10 +280,10 @@ def check_rmsnorm(rows, h, dtype, residual=False, block=None, per=4, seed=0):
     return within(got, exact, bound)
 
 
-for dtype in (torch.float32, LOW_PRECISION):  # fp32 and fp16 on CPU; fp32 and bf16 on GPU
-    one_block, two_pass = check_rmsnorm(9, 100, dtype), check_rmsnorm(9, 100, dtype, block=32)
-    fused = check_rmsnorm(9, 100, dtype, residual=True, block=32)
-    print(one_block, two_pass, fused)
-    #> True True True
-    #> True True True
+one_block, two_pass, fused = (
+    all(check_rmsnorm(9, 100, dtype, **options) for dtype in CHECK_DTYPES)
+    for options in ({}, {"block": 32}, {"residual": True, "block": 32})
+)
+print(one_block, two_pass, fused)
+#> True True True
 # --8<-- [end:check]
