@@ -294,6 +294,7 @@ def test_bounds_are_not_vacuous():
 
 
 @cpu
+@pytest.mark.slow  # a Qwen3 model through the Triton interpreter: seconds
 def test_qwen3_swap_points_and_fused_forward():
     q = kernel("qwen3")
     from snippets.qwen3_fusion.model import TINY
