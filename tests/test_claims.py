@@ -129,3 +129,12 @@ def test_reads_cover_numbers_tables_plots_and_claims(tmp_path):
 
 def test_hardware_constants_are_readable(results):
     assert holds("r:copy_tb_s < hardware:h200-sxm.hbm_tb_per_s", results)
+
+
+def test_max_of_several_lists_and_numbers_in_code_spans(tmp_path, results):
+    assert holds("max(r:rows[impl=ours].ms, r:rows[impl=eager].ms) <= 2.3", results)
+    page = tmp_path / "posts" / "demo.md"
+    page.parent.mkdir()
+    page.write_text("# D\n\n表里写 `{{ r:copy_tb_s }}`。\n", encoding="utf-8")
+    (error,) = cl.page_errors(page, results, "docs/posts/demo.md")
+    assert error.startswith("docs/posts/demo.md:3: {{ r:copy_tb_s }} is inside a code span")

@@ -225,6 +225,13 @@ def directives(path: Path, text: str | None = None) -> list[Directive]:
             if not isinstance(spec, dict):
                 raise SpecError(f"{where}:{f.line}: ```{f.lang} needs a YAML mapping")
             found.append(Directive(f.lang, f.line, f.argument, f.body, None, f.start, f.end, spec))
+    if path.parent.name == "posts":  # a post's number in a code span would show as its source
+        shown = markup.prose(text, fences)
+        for m in markup.INLINE.finditer(markup.prose(text, fences, spans=False)):
+            if m.group() not in shown[m.start() : m.end()]:
+                line = markup.line_of(text, m.start())
+                raise SpecError(f"{where}:{line}: {m.group()} is inside a code span, where it "
+                                "would show as written: take it out of the backticks")  # fmt: skip
     for m in markup.INLINE.finditer(markup.prose(text, fences)):  # not in comments either
         line = markup.line_of(text, m.start())
         found.append(Directive("number", line, m["name"], m["path"], m["fmt"], m.start(), m.end()))
@@ -280,7 +287,7 @@ def _abs(x):
 
 
 def _extreme(pick, *args):
-    xs = args[0] if len(args) == 1 and isinstance(args[0], list) else list(args)
+    xs = [x for a in args for x in (a if isinstance(a, list) else [a])]
     return Stat(pick(x.median for x in xs), pick(x.lo for x in xs), pick(x.hi for x in xs),
                 min(x.n for x in xs), None, derived=True)  # fmt: skip
 

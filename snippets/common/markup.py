@@ -181,7 +181,8 @@ def _blank(m: re.Match) -> str:
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)[^\n]+?(?<!`)\1(?!`)")  # one line: ours never wrap
 
 
-def prose(text: str, fences: list[Fence] | None = None, *, comments: bool = True) -> str:
+def prose(text: str, fences: list[Fence] | None = None, *, comments: bool = True,
+          spans: bool = True) -> str:  # fmt: skip
     """The page with fences, code spans (and HTML comments) blanked out: same length, same
     newlines, so offsets and line numbers still hold."""
     chars = list(text)
@@ -190,7 +191,7 @@ def prose(text: str, fences: list[Fence] | None = None, *, comments: bool = True
             if chars[i] != "\n":
                 chars[i] = " "
     out = "".join(chars)
-    out = _CODE_SPAN.sub(_blank, out)
+    out = _CODE_SPAN.sub(_blank, out) if spans else out
     if comments:
         out = re.sub(r"<!--.*?-->", _blank, out, flags=re.S)
     return out

@@ -1,5 +1,6 @@
 """On the H200 (nox -s gpu_docs): the GPU-only sources and the three gates for our Triton kernels
-in bf16 on the Qwen3 model; writes results/precision-alignment/*.json, then asserts the gates."""
+in bf16 on the Qwen3 model; writes results/precision-alignment/*.json, whose claims the page
+states and the gate checks."""
 
 import torch
 
@@ -7,32 +8,24 @@ from snippets.common.results import write_result
 from snippets.precision_alignment.collect import (
     H200,
     SLUG,
-    SOURCES,
-    e2e_curves,
-    model_rows,
-    op_rows,
-    records,
-    source_rows,
+    e2e_runs,
+    e2e_values,
+    model_values,
+    op_values,
+    source_values,
 )
 
 # --8<-- [start:run]
 DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
-measured_sources = source_rows(H200, DEVICE)  # TF32 on and off; index_add_ with and without
-ops = op_rows(H200, DTYPE, DEVICE)  # gate 1 at Qwen3-8B widths
-model, sites, ablation, rope_bug = model_rows(H200, DTYPE, DEVICE)  # gate 2; one at a time; bug 4
-curves = e2e_curves(H200, DTYPE, DEVICE)  # gate 3, the planted RoPE bug, a repeat, another seed
+measured_sources = source_values(H200, DEVICE)  # TF32 off and on; index_add_ with and without
+ops = op_values(H200, DTYPE, DEVICE)  # gate 1 at Qwen3-8B widths
+model = model_values(H200, DTYPE, DEVICE)  # gate 2; one kernel at a time; planted bug 4
+curves = e2e_values(e2e_runs(H200, DTYPE, DEVICE), H200.every)  # gate 3, bug 4, repeat, seed
 # --8<-- [end:run]
 
 # --8<-- [start:record]
-recorded = records(H200, measured_sources, ops, model, sites, ablation, rope_bug, curves)
-for name, record in recorded.items():
-    write_result(SLUG, name, sources=SOURCES, **record)
-# written first, so that a failing gate leaves its numbers to look at
-assert measured_sources[0]["value"] <= measured_sources[0]["reference"], "fp32 matmul bound"
-assert measured_sources[1]["value"] <= measured_sources[1]["reference"], "TF32 bound"
-assert measured_sources[3]["value"] == 1, "deterministic index_add_"
-assert all(r["passed"] for r in ops), [r for r in ops if not r["passed"]]
-assert model.passed, [s for s in model.sites if not s.ok]
-assert curves["fused"].passed, curves["fused"].first_exceeded
-assert not rope_bug["passed"], "the model gate must catch bf16 RoPE tables at 512 positions"
+write_result(SLUG, "precision-sources", measured_sources)
+write_result(SLUG, "precision-op-gate", ops)
+write_result(SLUG, "precision-model-gate", model)
+write_result(SLUG, "precision-e2e", curves)
 # --8<-- [end:record]

@@ -115,11 +115,11 @@ def rmsnorm_case(rows, h, dtype, device=DEVICE, seed=0, residual=False) -> OpCas
     t = {k: v.to(device, dtype) for k, v in dict(x=x, r=r, w=w, dy=dy, ds=ds).items()}
     if not residual:
         return OpCase(
-            "RMSNorm", dict(x=t["x"], w=t["w"]), dict(x="dx", w="dw"), ("y",), (t["dy"],),
+            "rmsnorm", dict(x=t["x"], w=t["w"]), dict(x="dx", w="dw"), ("y",), (t["dy"],),
             lambda i, up: nm.rmsnorm_exact(i["x"], i["w"], up[0], EPS), eager_rmsnorm, h,
         )  # fmt: skip
     return OpCase(
-        "残差加 + RMSNorm", dict(x=t["x"], r=t["r"], w=t["w"]), dict(x="dx", r="dr", w="dw"),
+        "add_rmsnorm", dict(x=t["x"], r=t["r"], w=t["w"]), dict(x="dx", r="dr", w="dw"),
         ("s", "y"), (t["ds"], t["dy"]),
         lambda i, up: nm.rmsnorm_exact(i["x"], i["w"], up[1], EPS, residual=i["r"], ds=up[0]),
         lambda x, r, w: (x + r, eager_rmsnorm(x + r, w)), h,
@@ -129,7 +129,7 @@ def rmsnorm_case(rows, h, dtype, device=DEVICE, seed=0, residual=False) -> OpCas
 def swiglu_case(rows, cols, dtype, device=DEVICE, seed=0) -> OpCase:
     gen = torch.Generator().manual_seed(seed)
     g, u, dh = (_randn(gen, rows, cols).to(device, dtype) for _ in range(3))
-    return OpCase("SwiGLU", dict(gate=g, up=u), dict(gate="dg", up="du"), ("h",), (dh,),
+    return OpCase("swiglu", dict(gate=g, up=u), dict(gate="dg", up="du"), ("h",), (dh,),
                   lambda i, up: nm.swiglu_exact(i["gate"], i["up"], up[0]))  # fmt: skip
 
 
@@ -142,7 +142,7 @@ def rope_case(batch, n_q, n_kv, seq, dim, dtype, device=DEVICE, seed=0) -> OpCas
     q, k, dq, dk = heads(n_q), heads(n_kv), heads(n_q), heads(n_kv)
     cos, sin = (t.to(dtype) for t in rope_tables(replace(TINY, head_dim=dim), seq, device))
     return OpCase(
-        "RoPE", dict(q=q, k=k, cos=cos, sin=sin), dict(q="dq", k="dk"), ("q", "k"), (dq, dk),
+        "rope", dict(q=q, k=k, cos=cos, sin=sin), dict(q="dq", k="dk"), ("q", "k"), (dq, dk),
         lambda i, up: nm.rope_exact(i["q"], i["k"], i["cos"], i["sin"], up[0], up[1]),
     )  # fmt: skip
 
@@ -154,29 +154,31 @@ def cross_entropy_case(n, hid, vocab, dtype, device=DEVICE, seed=0) -> OpCase:
     labels = torch.randint(0, vocab, (n,), generator=gen)
     labels[::4] = -100  # padding
     return OpCase(
-        "线性层 + 交叉熵", dict(hidden=h, weight=w, labels=labels.to(device)),
+        "linear_ce", dict(hidden=h, weight=w, labels=labels.to(device)),
         dict(hidden="dh", weight="dw"), ("loss",), (torch.ones((), device=device),),
         lambda i, up: nm.cross_entropy_exact(i["hidden"], i["weight"], i["labels"]),
     )  # fmt: skip
 
 
-OURS = {  # our Triton kernels, with the eager signatures
-    "RMSNorm": lambda x, w: rms_norm(x, w, EPS),
-    "残差加 + RMSNorm": lambda x, r, w: add_rms_norm(x, r, w, EPS),
-    "SwiGLU": swiglu,
-    "RoPE": lambda q, k, cos, sin: apply_rope(q, k, cos, sin),
-    "线性层 + 交叉熵": linear_cross_entropy,
+OURS = {  # our Triton kernels, with the eager signatures, by case name
+    "rmsnorm": lambda x, w: rms_norm(x, w, EPS),
+    "add_rmsnorm": lambda x, r, w: add_rms_norm(x, r, w, EPS),
+    "swiglu": swiglu,
+    "rope": lambda q, k, cos, sin: apply_rope(q, k, cos, sin),
+    "linear_ce": linear_cross_entropy,
 }
 
 
 def small_cases(dtype, device=DEVICE) -> list[OpCase]:
-    """CPU-sized shapes (non-powers of two, GQA, padding); the GPU run uses Qwen3-8B's."""
+    """CPU-sized shapes at the TINY model's widths (hidden 64, MLP 192, 4:2 heads of 16, a
+    vocabulary of 1000; padded labels), so that on the GPU they reuse the kernels the model
+    compiles; the GPU run also uses Qwen3-8B's widths."""
     return [
-        rmsnorm_case(9, 100, dtype, device),
-        rmsnorm_case(9, 100, dtype, device, residual=True),
-        swiglu_case(5, 300, dtype, device),
+        rmsnorm_case(9, 64, dtype, device),
+        rmsnorm_case(9, 64, dtype, device, residual=True),
+        swiglu_case(5, 192, dtype, device),
         rope_case(2, 4, 2, 5, 16, dtype, device),
-        cross_entropy_case(10, 48, 300, dtype, device),
+        cross_entropy_case(10, 48, 1000, dtype, device),
     ]
 
 
