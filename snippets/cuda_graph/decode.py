@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from snippets.qwen3_fusion.model import Qwen3Config, Qwen3ForCausalLM, rope_tables
+from snippets.common.models.qwen3 import Qwen3Config, Qwen3ForCausalLM, rope_tables
 
 
 # --8<-- [start:cache]

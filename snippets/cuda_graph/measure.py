@@ -10,9 +10,9 @@ from dataclasses import replace
 import torch
 
 from snippets.common.bench import python_ms
+from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM
 from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
-from snippets.qwen3_fusion.model import QWEN3_8B, Qwen3ForCausalLM
 
 # --8<-- [start:configs]
 SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 8 layers

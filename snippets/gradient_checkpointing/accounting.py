@@ -10,8 +10,8 @@ snippets/qwen3_fusion/accounting.py, the same nominal counts that post uses.
 
 from dataclasses import dataclass
 
+from snippets.common.models.qwen3 import Qwen3Config
 from snippets.qwen3_fusion.accounting import layer_ops
-from snippets.qwen3_fusion.model import Qwen3Config
 
 FP32 = 4  # RMSNorm statistics and the attention's logsumexp are fp32 whatever the model dtype
 

@@ -8,12 +8,12 @@ import torch
 
 from snippets.common.bench import python_ms
 from snippets.common.hardware import load_hardware
+from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM, count_parameters, rope_tables
 from snippets.common.results import write_result
 from snippets.gradient_checkpointing import accounting as acc
 from snippets.gradient_checkpointing.measure import OpNames, autograd_saved, is_attention
 from snippets.gradient_checkpointing.policies import POLICIES, apply_policy
 from snippets.gradient_checkpointing.runner import CudaMeter, analyze, measure
-from snippets.qwen3_fusion.model import QWEN3_8B, Qwen3ForCausalLM, count_parameters, rope_tables
 
 # --8<-- [start:run]
 LAYERS, SEQ, DTYPE = 4, 8192, torch.bfloat16

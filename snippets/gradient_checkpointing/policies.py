@@ -1,4 +1,5 @@
-"""Checkpointing policies on the shared Qwen3 model, applied from outside: model.py is unchanged.
+"""Checkpointing policies on the shared Qwen3 model, applied from outside: the model
+(snippets/common/models/qwen3.py) is unchanged.
 
 A policy says which layers are checkpointed and, inside a checkpointed layer, which operator
 outputs are kept (selective activation checkpointing, SAC); everything else is recomputed in

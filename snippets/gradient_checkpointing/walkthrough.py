@@ -8,12 +8,7 @@ import dataclasses
 
 import torch
 
-from snippets.common.results import computed_result
-from snippets.gradient_checkpointing import accounting as acc
-from snippets.gradient_checkpointing.measure import LiveMemory, MatmulFlops, autograd_saved
-from snippets.gradient_checkpointing.pareto import pareto_front, recommend
-from snippets.gradient_checkpointing.policies import POLICIES, apply_policy
-from snippets.qwen3_fusion.model import (
+from snippets.common.models.qwen3 import (
     QWEN3_8B,
     TINY,
     DecoderLayer,
@@ -21,6 +16,11 @@ from snippets.qwen3_fusion.model import (
     Qwen3ForCausalLM,
     rope_tables,
 )
+from snippets.common.results import computed_result
+from snippets.gradient_checkpointing import accounting as acc
+from snippets.gradient_checkpointing.measure import LiveMemory, MatmulFlops, autograd_saved
+from snippets.gradient_checkpointing.pareto import pareto_front, recommend
+from snippets.gradient_checkpointing.policies import POLICIES, apply_policy
 
 # --8<-- [start:table]
 tiny = acc.saved_tensors(TINY, batch=2, seq=16, itemsize=4)  # fp32

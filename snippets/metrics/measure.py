@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 
 from snippets.common.bench import rate
+from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM
 from snippets.metrics.roofline import (
     arithmetic_intensity,
     attainable_flops,
@@ -18,7 +19,6 @@ from snippets.metrics.roofline import (
     matmul_flops,
 )
 from snippets.metrics.training import flops_per_token_6n, flops_per_token_palm, mfu, tgs
-from snippets.qwen3_fusion.model import QWEN3_8B, Qwen3ForCausalLM
 
 # --8<-- [start:matmul]
 SQUARE = (256, 512, 1024, 2048, 4096, 8192)  # n x n x n

@@ -3,7 +3,7 @@
 # --8<-- [start:config]
 from dataclasses import asdict
 
-from snippets.qwen3_fusion.model import QWEN3_8B as SHARED_CONFIG
+from snippets.common.models.qwen3 import QWEN3_8B as SHARED_CONFIG
 
 # The series' shared Qwen3-8B config (values of Qwen/Qwen3-8B's config.json), as a plain dict.
 QWEN3_8B = asdict(SHARED_CONFIG)

@@ -6,12 +6,12 @@ with a tiny plan on the CPU and checks that what they return is what the page re
 
 from dataclasses import dataclass, replace
 
+from snippets.common.models.qwen3 import QWEN3_8B, TINY, Kernels, Qwen3Config
 from snippets.precision_alignment import e2e_gate as e2e
 from snippets.precision_alignment import model_gate as mg
 from snippets.precision_alignment import op_gate as og
 from snippets.precision_alignment import planted, sources
 from snippets.precision_alignment.techniques import one_at_a_time, strict_numerics
-from snippets.qwen3_fusion.model import QWEN3_8B, TINY, Kernels, Qwen3Config
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
 

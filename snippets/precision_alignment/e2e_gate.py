@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from snippets.qwen3_fusion.model import Kernels, Qwen3ForCausalLM
+from snippets.common.models.qwen3 import Kernels, Qwen3ForCausalLM
 
 
 # --8<-- [start:data]

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from snippets.common.device import DEVICE
+from snippets.common.models.qwen3 import TINY, RMSNorm, rope_tables
 from snippets.precision_alignment.metrics import ulp_distance
-from snippets.qwen3_fusion.model import TINY, RMSNorm, rope_tables
 from snippets.triton_kernels import numerics as nm
 from snippets.triton_kernels.cross_entropy import linear_cross_entropy
 from snippets.triton_kernels.rmsnorm import add_rms_norm, rms_norm

@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from snippets.qwen3_fusion.model import Qwen3ForCausalLM, rope_tables
-from snippets.qwen3_fusion.model import apply_rope as eager_rope
+from snippets.common.models.qwen3 import Qwen3ForCausalLM, rope_tables
+from snippets.common.models.qwen3 import apply_rope as eager_rope
 from snippets.triton_kernels.rmsnorm import ROWS_PER_PROGRAM, RMSNormFunction, add_rms_norm, as_rows
 
 

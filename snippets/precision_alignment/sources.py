@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
+from snippets.common.models.qwen3 import QWEN3_8B, rope_tables
 from snippets.precision_alignment.metrics import ulp_distance
-from snippets.qwen3_fusion.model import QWEN3_8B, rope_tables
 from snippets.triton_kernels.numerics import U, gamma, unit_roundoff
 
 

@@ -11,8 +11,8 @@ from dataclasses import fields, replace
 
 import torch
 
+from snippets.common.models.qwen3 import Kernels
 from snippets.precision_alignment.sources import accumulate, hashed_uniform, sequential_sum
-from snippets.qwen3_fusion.model import Kernels
 from snippets.triton_kernels.numerics import gamma
 
 

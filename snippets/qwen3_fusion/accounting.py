@@ -9,7 +9,7 @@ element); they only decide that such operators sit far below any ridge point.
 
 from dataclasses import dataclass
 
-from snippets.qwen3_fusion.model import QWEN3_8B, Qwen3Config
+from snippets.common.models.qwen3 import QWEN3_8B, Qwen3Config
 
 BYTES = 2  # bf16
 

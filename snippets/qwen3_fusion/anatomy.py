@@ -3,8 +3,8 @@
 import torch
 
 from snippets.common.hardware import load_hardware, ridge_point
+from snippets.common.models.qwen3 import QWEN3_8B, TINY, Qwen3ForCausalLM, count_parameters
 from snippets.qwen3_fusion.accounting import layer_ops, model_forward_flops, rule_of_thumb_flops
-from snippets.qwen3_fusion.model import QWEN3_8B, TINY, Qwen3ForCausalLM, count_parameters
 
 # --8<-- [start:params]
 counts = count_parameters(QWEN3_8B)

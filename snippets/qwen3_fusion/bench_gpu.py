@@ -3,6 +3,7 @@
 import torch
 
 from snippets.common.bench import ceilings, kernel_ms
+from snippets.common.models.qwen3 import QWEN3_8B
 from snippets.common.results import write_result
 from snippets.qwen3_fusion.measure import (
     fusion_candidates,
@@ -10,7 +11,6 @@ from snippets.qwen3_fusion.measure import (
     per_op_table,
     profile_step,
 )
-from snippets.qwen3_fusion.model import QWEN3_8B
 
 # --8<-- [start:run]
 BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16

@@ -12,9 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from snippets.common.bench import REPEATS, kernel_ms_by, rate
-from snippets.common.results import Stat
-from snippets.qwen3_fusion.accounting import BYTES, layer_ops
-from snippets.qwen3_fusion.model import (
+from snippets.common.models.qwen3 import (
     DecoderLayer,
     Kernels,
     RMSNorm,
@@ -22,6 +20,8 @@ from snippets.qwen3_fusion.model import (
     rope_tables,
     swiglu,
 )
+from snippets.common.results import Stat
+from snippets.qwen3_fusion.accounting import BYTES, layer_ops
 
 
 # --8<-- [start:runners]

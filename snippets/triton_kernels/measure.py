@@ -13,9 +13,9 @@ import torch
 from torch.func import functional_call
 
 from snippets.common.bench import rate
-from snippets.qwen3_fusion.model import QWEN3_8B, RMSNorm, lm_loss, rope_tables
-from snippets.qwen3_fusion.model import apply_rope as eager_rope
-from snippets.qwen3_fusion.model import swiglu as eager_swiglu
+from snippets.common.models.qwen3 import QWEN3_8B, RMSNorm, lm_loss, rope_tables
+from snippets.common.models.qwen3 import apply_rope as eager_rope
+from snippets.common.models.qwen3 import swiglu as eager_swiglu
 from snippets.triton_kernels.cross_entropy import LinearCrossEntropyFunction
 from snippets.triton_kernels.rmsnorm import RMSNormFunction, add_rms_norm, rms_norm
 from snippets.triton_kernels.rope import apply_rope

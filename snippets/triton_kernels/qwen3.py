@@ -4,7 +4,7 @@ every residual add into the RMSNorm after it (without editing the model's code).
 import torch
 
 from snippets.common.device import DEVICE
-from snippets.qwen3_fusion.model import TINY, Kernels, Qwen3ForCausalLM, rope_tables
+from snippets.common.models.qwen3 import TINY, Kernels, Qwen3ForCausalLM, rope_tables
 from snippets.triton_kernels.cross_entropy import linear_cross_entropy
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.rmsnorm import TritonRMSNorm, add_rms_norm

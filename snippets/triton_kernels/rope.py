@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from snippets.common.device import DEVICE
-from snippets.qwen3_fusion.model import TINY, rope_tables
+from snippets.common.models.qwen3 import TINY, rope_tables
 from snippets.triton_kernels.numerics import CHECK_DTYPES, rope_exact, within
 
 BLOCK_HEADS = 16

@@ -4,7 +4,7 @@ throughout, so that fp64 comparisons can use fp64 tolerances."""
 
 import torch
 
-from snippets.qwen3_fusion.model import Kernels, RMSNorm
+from snippets.common.models.qwen3 import Kernels, RMSNorm
 
 
 class NormInInputDtype(RMSNorm):

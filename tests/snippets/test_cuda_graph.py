@@ -13,11 +13,11 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from snippets.common.device import DEVICE, ON_GPU
+from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
 from snippets.common.results import Stat
 from snippets.cuda_graph import measure
 from snippets.cuda_graph.decode import StaticCache, decode_step, generate
 from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
-from snippets.qwen3_fusion.model import TINY, Qwen3ForCausalLM
 from tests.snippets.fp64 import FP64
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")

@@ -17,6 +17,14 @@ import torch
 
 from snippets.common import results as res
 from snippets.common.device import ON_GPU
+from snippets.common.models.qwen3 import (
+    QWEN3_8B,
+    TINY,
+    DecoderLayer,
+    Kernels,
+    Qwen3ForCausalLM,
+    rope_tables,
+)
 from snippets.common.results import Stat
 from snippets.gradient_checkpointing import accounting as acc
 from snippets.gradient_checkpointing.measure import (
@@ -42,14 +50,6 @@ from snippets.gradient_checkpointing.policies import (
     layer_type,
 )
 from snippets.gradient_checkpointing.runner import CpuMeter, analyze, measure
-from snippets.qwen3_fusion.model import (
-    QWEN3_8B,
-    TINY,
-    DecoderLayer,
-    Kernels,
-    Qwen3ForCausalLM,
-    rope_tables,
-)
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ import torch
 
 from snippets.common import results as res
 from snippets.common.hardware import load_hardware, ridge_point
+from snippets.common.models.qwen3 import TINY, count_parameters
 from snippets.metrics import measure as ms
 from snippets.metrics import reproduce as rp
 from snippets.metrics.memory import ADAM_MIXED_PRECISION, K, zero_model_state_bytes
@@ -73,7 +74,6 @@ from snippets.metrics.vectors import (
     gpu_presets_js,
     presets_in,
 )
-from snippets.qwen3_fusion.model import TINY, count_parameters
 from tests import gate
 
 Printed, span, reproduces, point = rp.Printed, rp.span, rp.reproduces, rp.point
@@ -549,8 +549,8 @@ def test_vectors_cover_every_zero_stage_and_collective():
 
 def test_hand_count_equals_the_shared_models_parameters():
     """qwen3_params counts from the config by formula; the shared model counts its tensors."""
-    from snippets.qwen3_fusion.model import QWEN3_8B as CFG
-    from snippets.qwen3_fusion.model import count_parameters
+    from snippets.common.models.qwen3 import QWEN3_8B as CFG
+    from snippets.common.models.qwen3 import count_parameters
 
     counted = count_parameters(CFG)
     by_hand = qwen3_params(QWEN3_8B)

@@ -20,12 +20,12 @@ import torch
 
 from snippets.common import results as res
 from snippets.common.device import DEVICE, LOW_PRECISION, ON_GPU
+from snippets.common.models.qwen3 import TINY, Kernels
 from snippets.precision_alignment import collect, planted, sources
 from snippets.precision_alignment import e2e_gate as e2e
 from snippets.precision_alignment import op_gate as og
 from snippets.precision_alignment.metrics import bound_ratio, cosine, ulp_distance
 from snippets.precision_alignment.model_gate import model_gate, trace
-from snippets.qwen3_fusion.model import TINY, Kernels
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
 from tests import gate

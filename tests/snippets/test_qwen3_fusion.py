@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from snippets.common.device import ON_GPU
+from snippets.common.models import qwen3 as q3
 from snippets.common.results import Stat
-from snippets.qwen3_fusion import model as q3
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 

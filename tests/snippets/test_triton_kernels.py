@@ -109,7 +109,7 @@ def test_rmsnorm_casts_like_hugging_face():
     """fp16 in, fp16 weight: our output equals the eager HF-order RMSNorm bit for bit (rare
     last-bit ties of the fp32 statistics aside), while rounding after the weight multiply
     agrees on far fewer elements, so the test tells the two orders apart."""
-    from snippets.qwen3_fusion.model import RMSNorm
+    from snippets.common.models.qwen3 import RMSNorm
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(32, 256, generator=g).to(DEVICE, torch.float16)
@@ -297,7 +297,7 @@ def test_bounds_are_not_vacuous():
 @pytest.mark.slow  # a Qwen3 model through the Triton interpreter: seconds
 def test_qwen3_swap_points_and_fused_forward():
     q = kernel("qwen3")
-    from snippets.qwen3_fusion.model import TINY
+    from snippets.common.models.qwen3 import TINY
 
     eager, ours = q.tiny_models(seed=3)
     ids = torch.randint(0, TINY.vocab_size, (1, 12), generator=torch.Generator().manual_seed(4))
@@ -424,7 +424,7 @@ def test_linear_cross_entropy_bf16(exact_matmul_accumulation):
 @pytest.mark.gpu
 @gpu
 def test_rmsnorm_casts_like_hugging_face_in_bf16():
-    from snippets.qwen3_fusion.model import RMSNorm
+    from snippets.common.models.qwen3 import RMSNorm
 
     x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     eager = RMSNorm(4096, 1e-6).to("cuda", torch.bfloat16)
