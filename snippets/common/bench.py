@@ -101,17 +101,28 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
     )
     if len(ranges) != repeats:
         raise RuntimeError(f"kernel_ms: expected {repeats} repeat ranges, found {len(ranges)}")
+    marker = "handbook_repeat_"  # its GPU-side copies are not kernels
+    kernels = sorted((e for e in events if e.device_type == device and not e.name.startswith(marker)),
+                     key=lambda e: e.time_range.start)  # fmt: skip
     sums: list[dict] = [{} for _ in range(repeats)]
-    for e in events:
-        if e.device_type != device or e.name.startswith("handbook_repeat_"):
-            continue  # CPU events, and the GPU-side copies of the range markers
+    for e in kernels:  # each kernel belongs to the repeat whose CPU range it started in
         i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= e.time_range.start <= hi), None)
-        if i is not None:
-            cell = sums[i].setdefault(classify(e.name), [0.0, 0])
-            cell[0] += e.time_range.elapsed_us()
-            cell[1] += 1
-    if any(not s for s in sums):
-        raise RuntimeError("kernel_ms: the profiler recorded no CUDA kernel in some repeat")
+        if i is None:
+            break
+        cell = sums[i].setdefault(classify(e.name), [0.0, 0])
+        cell[0] += e.time_range.elapsed_us()
+        cell[1] += 1
+    else:
+        if all(sums):
+            return sums
+    if not kernels or len(kernels) % repeats:  # clocks not aligned, nor the same kernels a repeat
+        raise RuntimeError(f"kernel_ms: cannot split {len(kernels)} kernels into {repeats} repeats")
+    per = len(kernels) // repeats  # every repeat launched the same kernels: split them in order
+    sums = [{} for _ in range(repeats)]
+    for k, e in enumerate(kernels):
+        cell = sums[k // per].setdefault(classify(e.name), [0.0, 0])
+        cell[0] += e.time_range.elapsed_us()
+        cell[1] += 1
     return sums
 
 
