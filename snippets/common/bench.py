@@ -102,8 +102,8 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
     if len(ranges) != repeats:
         raise RuntimeError(f"kernel_ms: expected {repeats} repeat ranges, found {len(ranges)}")
     marker = "handbook_repeat_"  # its GPU-side copies are not kernels
-    kernels = sorted((e for e in events if e.device_type == device and not e.name.startswith(marker)),
-                     key=lambda e: e.time_range.start)  # fmt: skip
+    kernels = [e for e in events if e.device_type == device and not e.name.startswith(marker)]
+    kernels.sort(key=lambda e: e.time_range.start)
     sums: list[dict] = [{} for _ in range(repeats)]
     for e in kernels:  # each kernel belongs to the repeat whose CPU range it started in
         i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= e.time_range.start <= hi), None)
