@@ -79,22 +79,25 @@ def _junit_faults(report: Path) -> list[str]:
     return faults
 
 
-def run_pytest(
-    targets: list[str], seed: int, dump: Path, extra: list[str]
-) -> tuple[int, list[str]]:
-    report = dump.with_suffix(".xml")
+def start_pytest(targets: list[str], seed: int, dump: Path, extra: list[str]):
+    """pytest in the background, its printed values appended to `dump`."""
     env = {**os.environ, "PYTHONHASHSEED": str(seed), "HANDBOOK_PRINTS_DUMP": str(dump),
-           "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}  # fmt: skip
-    proc = subprocess.run(
+           "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # fmt: skip
+    return subprocess.Popen(
         [sys.executable, "-m", "pytest", *targets, "-q", "--tb=line", "-p", "no:cacheprovider",
-         "-m", "not slow", f"--junitxml={report}", "-o", "junit_family=xunit1", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True,
+         "-m", "not slow", f"--junitxml={dump.with_suffix('.xml')}", "-o", "junit_family=xunit1",
+         *extra],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
-    faults = _junit_faults(report)
+
+
+def finish_pytest(proc, targets: list[str], dump: Path) -> list[str]:
+    out, _ = proc.communicate()
+    faults = _junit_faults(dump.with_suffix(".xml"))
     if proc.returncode not in (0, 1, 5) and not faults:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-5:]
+        tail = out.strip().splitlines()[-5:]
         faults = [f"{targets[0]}:1: pytest could not run: " + " | ".join(tail)]
-    return proc.returncode, faults
+    return faults
 
 
 def printed(dump: Path) -> dict[tuple[str, int], list[str]]:
@@ -111,8 +114,10 @@ def dynamic_faults(slug: str, extra: list[str]) -> list[str]:
     targets = [page] + ([test] if (ROOT / test).is_file() else [])
     with tempfile.TemporaryDirectory(prefix="handbook-check-") as tmp:
         a, b = Path(tmp) / "a.jsonl", Path(tmp) / "b.jsonl"
-        _, faults = run_pytest(targets, 1, a, extra)
-        run_pytest([page], 2, b, extra)
+        first = start_pytest(targets, 1, a, extra)  # the two runs share the two cores
+        second = start_pytest([page], 2, b, extra)
+        faults = finish_pytest(first, targets, a)
+        finish_pytest(second, [page], b)
         first, second = printed(a), printed(b)
         for key in sorted(set(first) & set(second)):
             if first[key] != second[key]:

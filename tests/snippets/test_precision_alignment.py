@@ -136,6 +136,7 @@ def test_our_kernels_pass_the_op_gate_at_other_shapes(dtype):
 # The planted bugs: each caught by the gate the page names ---------------------------------------
 
 
+@pytest.mark.slow  # the Triton interpreter: seconds
 def test_bug1_low_precision_dw_is_caught_by_the_op_gate_at_production_rows_per_program():
     """Page §3.1 and the table in §3.4: missed at 4 rows per program, caught at 128; the
     accuracy check catches it (dW), not the parity check (the forward is untouched)."""
@@ -197,6 +198,7 @@ def test_bug4_bf16_rope_tables_are_caught_by_the_model_and_end_to_end_gates():
 # Model gate ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the Triton interpreter: seconds
 def test_trace_sees_the_same_sites_in_the_eager_and_the_fused_forward():
     ids = e2e.sequences(1, 5, TINY.vocab_size).to(DEVICE)
     model = e2e.initial_model(TINY, TRITON, torch.float32, DEVICE)
@@ -208,6 +210,7 @@ def test_trace_sees_the_same_sites_in_the_eager_and_the_fused_forward():
     assert torch.allclose(eager.loss, fused.loss, rtol=2 * gamma(TINY.vocab_size))
 
 
+@pytest.mark.slow  # the Triton interpreter: seconds
 def test_model_gate_passes_our_kernels_in_fp32():
     ids = e2e.sequences(2, 6, TINY.vocab_size, seed=3).to(DEVICE)
     eager = e2e.initial_model(TINY, None, torch.float32, DEVICE)
@@ -273,6 +276,7 @@ def stand_in_curves(steps: int, runs: int = 8) -> dict:
     return {"fused": report, "bug": bug, "repeat": eager[:10].clone(), "other_seed": eager + 0.05}
 
 
+@pytest.mark.slow  # the Triton interpreter: seconds
 def test_the_gpu_run_fits_the_page(tmp_path, monkeypatch):
     """The GPU run's functions at CPU sizes (the end-to-end curves stand-ins at the GPU run's
     length, since the page reads its last step): every table, plot, number and claim on the
@@ -308,6 +312,7 @@ def test_the_gpu_run_fits_the_page(tmp_path, monkeypatch):
     assert gate.unread_errors(ROOT, tmp_path, slugs) == []
 
 
+@pytest.mark.slow  # the Triton interpreter: seconds
 def test_the_gpu_run_code_runs_the_end_to_end_gate():
     plan = collect.CPU_SMOKE
     runs = collect.e2e_runs(plan, torch.float32, DEVICE)
