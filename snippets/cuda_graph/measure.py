@@ -65,7 +65,7 @@ def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> l
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = python_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS)  # noqa: B023
+        eager = python_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS, warmup=CALLS)  # noqa: B023
         # a full repeat of warm-up: the GPU idled through the eager timing, now it is busy
         graph = python_ms(lambda: graphed(tokens, at), calls=CALLS, warmup=CALLS)  # noqa: B023
         rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
