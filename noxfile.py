@@ -14,6 +14,8 @@ from pathlib import Path
 
 import nox
 
+from snippets.common import markup  # the page grammar and the slug's places (stdlib only)
+
 ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 nox.options.sessions = ["tests"]
@@ -74,7 +76,7 @@ def tests(session: nox.Session) -> None:
 
 
 def post_slugs() -> list[str]:
-    return sorted(p.stem for p in (ROOT / "docs" / "posts").glob("*.md"))
+    return markup.post_slugs(ROOT)
 
 
 BUDGET_S = 60  # per post on one H200, from a cold start (compiles, autotuning, training)
@@ -194,7 +196,7 @@ def gpu_docs(session: nox.Session) -> None:
             "TORCHINDUCTOR_CACHE_DIR": str(cold / "inductor"),
             "CUDA_CACHE_PATH": str(cold / "cuda"),
         }
-        test_file = ROOT / "tests" / "snippets" / f"test_{slug.replace('-', '_')}.py"
+        test_file = markup.test_file_of(ROOT, slug)
         targets = [f"docs/posts/{slug}.md"] + ([str(test_file)] if test_file.exists() else [])
         session.log(f"gpu_docs: {slug}")
         t0 = time.perf_counter()
@@ -218,7 +220,7 @@ def gpu_docs(session: nox.Session) -> None:
         shutil.rmtree(cold, ignore_errors=True)
     if not every and not shard and not session.posargs:  # the CUDA-only tests of the others
         others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
-                  if not any(p.stem == f"test_{s.replace('-', '_')}" for s in slugs)
+                  if not any(p == markup.test_file_of(ROOT, s) for s in slugs)
                   and "e2e" not in p.parts]  # fmt: skip
         t0 = time.perf_counter()
         rest = subprocess.run(
@@ -328,11 +330,11 @@ def series_position(root: Path, slug: str) -> int:
 def scaffold(root: Path, slug: str, title: str) -> list[Path]:
     """Write a post's page (with front matter), snippet package and test: nothing else; the nav,
     the home page and the series derive from the page. ValueError if it cannot."""
-    if not re.fullmatch(r"[a-z][a-z0-9]*(-[a-z0-9]+)*", slug):
+    if not markup.SLUG.fullmatch(slug):
         raise ValueError(f"slug {slug!r} must be lowercase words joined by '-'")
     if not title.strip() or "\n" in title:
         raise ValueError(f"title {title!r} must be one non-empty line")
-    package = slug.replace("-", "_")
+    package = markup.package_of(slug)
     page = root / "docs" / "posts" / f"{slug}.md"
     pkg = root / "snippets" / package
     test = root / "tests" / "snippets" / f"test_{package}.py"

@@ -119,12 +119,8 @@ def nav_errors(root: Path) -> list[str]:
 def anchors(page: Path) -> set[str]:
     """Heading ids as Python-Markdown's toc makes them, plus explicit {#id} attributes."""
     ids = set()
-    in_fence = False
-    for line in page.read_text(encoding="utf-8").splitlines():
-        if line.lstrip().startswith(("```", "~~~")):
-            in_fence = not in_fence
-        if in_fence:
-            continue
+    text = page.read_text(encoding="utf-8")
+    for line in markup.prose(text, comments=False, spans=False).splitlines():
         m = _HEADING.match(line)
         if m:
             ids.add(m["id"] or slugify(m["title"], "-"))
