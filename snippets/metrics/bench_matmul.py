@@ -11,9 +11,10 @@ from snippets.metrics.measure import matmul_sweep
 
 # --8<-- [start:measure]
 def timer(fn):
-    """CUDA-graph replays of back-to-back calls. The smallest matmuls take microseconds: a
-    replay may hold up to 2000 of them, to last long enough to time steadily."""
-    return graph_ms(fn, max_calls=2000)
+    """CUDA-graph replays of back-to-back calls, about 100 ms a replay: long enough to average
+    out the clock changes of a power-limited GPU under large matmuls. The smallest matmuls take
+    microseconds: a replay may hold up to 2000 of them."""
+    return graph_ms(fn, target_ms=100.0, max_calls=2000)
 
 
 gpu = gpu_for_device_name(torch.cuda.get_device_name())

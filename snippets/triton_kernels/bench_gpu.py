@@ -42,8 +42,8 @@ def python_time(fn):  # wall clock from Python, CPU overhead included; about 25 
     return python_ms(fn, target_ms=25.0)
 
 
-def loss_time(fn):  # one call of the loss is tens of ms of kernels: one call per repeat
-    return kernel_ms(fn, calls=1)
+def loss_time(fn):  # one call of the loss is tens of ms of matmuls: two calls per repeat
+    return kernel_ms(fn, calls=2)
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
