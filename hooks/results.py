@@ -65,8 +65,8 @@ def number(value, spec: str | None) -> str:
     stat = cl.as_stat(value)
     if isinstance(stat, Stat) and stat.n:
         clock = "，从 Python 计时" if stat.clock == "python" else ""
-        title = (f"中位数；{stat.n} 次重复，范围 {fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}"
-                 f"（{spread_text(stat)}）{clock}")  # fmt: skip
+        span = f"{fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}（{spread_text(stat)}）"
+        title = f"中位数；{stat.n} 次重复，去掉最快、最慢各一次后的范围 {span}{clock}"
         return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
     return text
 
@@ -156,7 +156,8 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
     timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
                 for r in rows for k, _ in cols)  # fmt: skip
     if timed:
-        legends.insert(0, "计时为多次重复的中位数，± 为全部重复的最大偏离")
+        trimmed = "计时为多次重复的中位数；± 为去掉最快、最慢各一次之后与中位数的最大偏离"
+        legends.insert(0, trimmed)
     lines += (
         ["", f'<p class="result-note">{html.escape("；".join(legends))}</p>'] if legends else []
     )

@@ -87,7 +87,9 @@ def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
 
 def test_numbers_show_their_range_and_claims_their_expression(hook):
     text = hook.number(VALUES["rows"][1]["ms"], ".2f")
-    assert text.startswith('<span class="measured" title="中位数；7 次重复，范围 0.98–1.03')
+    assert text.startswith(
+        '<span class="measured" title="中位数；7 次重复，去掉最快、最慢各一次后的范围 0.98–1.03'
+    )
     assert "从 Python 计时" in text and text.endswith(">1.00</span>")
     assert hook.number(4.25, ".1f") == "4.2"
     badge = hook.claim(cl.Directive("claim", 1, None, "r:a < r:b"))

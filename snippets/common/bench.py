@@ -67,7 +67,12 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    graph.replay()
+    t0 = time.perf_counter()
+    while True:  # replays first: the clocks settle into the state the timed replays will see
+        graph.replay()
+        torch.cuda.synchronize()
+        if time.perf_counter() - t0 > 0.2:
+            break
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     with _quiet():

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = 2
 MAX_SPREAD = 0.05  # a timing whose spread (± of the median) is wider fails the run
 MIN_REPEATS = 5
+TRIM_FROM = 7  # from 7 repeats on, lo and hi are the second-smallest and second-largest
 RESULTS_DIR_ENV = "HANDBOOK_RESULTS_DIR"  # set by gpu_docs: where measurements go
 UPDATE_ENV = "HANDBOOK_UPDATE_RECORDS"  # set by `pytest --update-examples`: rewrite computed
 COMMIT_ENV, DIRTY_ENV = "HANDBOOK_COMMIT", "HANDBOOK_DIRTY"
@@ -60,6 +61,10 @@ class ResultError(ValueError):
 class Stat:
     """A repeated measurement: median and range (lo..hi) of `n` repeats, and how it was timed.
 
+    From 7 repeats on, lo and hi are the second-smallest and second-largest repeat (about the
+    17th and 83rd percentiles of 7): one repeat disturbed by the OS or the GPU's power limit
+    cannot set the range. The fastest and slowest repeats are kept too (`min`, `max`).
+
     Arithmetic between Stats (and numbers) is interval arithmetic on (lo, hi), with the median
     computed from the medians: a speed-up eager / graph keeps the widest range the two allow.
     Results of arithmetic are `derived`; only raw timings must meet MAX_SPREAD.
@@ -71,6 +76,7 @@ class Stat:
     n: int
     clock: str | None = None
     derived: bool = field(default=False, compare=False)
+    extremes: tuple[float, float] | None = field(default=None, compare=False)  # all repeats
 
     @classmethod
     def of(cls, samples, clock: str) -> Stat:
@@ -81,7 +87,8 @@ class Stat:
             raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
         mid = len(xs) // 2
         median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-        return cls(median, xs[0], xs[-1], len(xs), clock)
+        trim = 1 if len(xs) >= TRIM_FROM else 0  # one disturbed repeat cannot set the range
+        return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=(xs[0], xs[-1]))
 
     @property
     def spread(self) -> float:
@@ -132,14 +139,16 @@ class Stat:
 
     def to_json(self) -> dict:
         out = {"median": self.median, "lo": self.lo, "hi": self.hi, "n": self.n}
-        return out | ({"clock": self.clock} if self.clock else {})
+        out |= {"clock": self.clock} if self.clock else {}
+        return out | ({"min": self.extremes[0], "max": self.extremes[1]} if self.extremes else {})
 
 
 STAT_KEYS = {"median", "lo", "hi", "n"}
 
 
 def is_stat(value) -> bool:
-    return isinstance(value, dict) and STAT_KEYS <= set(value) <= STAT_KEYS | {"clock"}
+    optional = {"clock", "min", "max"}
+    return isinstance(value, dict) and STAT_KEYS <= set(value) <= STAT_KEYS | optional
 
 
 # --------------------------------------------------------------------------- sources
