@@ -2,7 +2,7 @@
 
 import torch
 
-from snippets.common.bench import ceilings, python_ms, rate
+from snippets.common.bench import ceilings, kernel_ms, rate
 from snippets.common.results import write_result
 
 # --8<-- [start:model]
@@ -50,7 +50,7 @@ for k in (1, 2, 4, 8, 16):
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
-    ms = python_ms(step, calls=3)  # a step is tens of ms: the CPU is never the bottleneck
+    ms = kernel_ms(step, calls=2)  # GPU time: the step's kernels, two steps a repeat
     achieved = rate(6 * n_params * TOKENS, ms)  # matmul FLOPs: forward 2NT + backward 4NT
     steps.append(
         {

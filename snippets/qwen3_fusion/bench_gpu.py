@@ -16,8 +16,8 @@ from snippets.qwen3_fusion.measure import (
 BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16
 
 
-def gpu_time(fn):  # the kernels' own time, summed (CUPTI); about 30 ms of calls per repeat
-    return kernel_ms(fn, target_ms=30.0)
+def gpu_time(fn):  # the kernels' own time, summed (CUPTI); about 100 ms of calls per repeat
+    return kernel_ms(fn, target_ms=100.0)  # matmul times move with power-limited clocks
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
