@@ -2,6 +2,7 @@
 torch.compile and Liger Kernel (when installed); writes results/triton-kernels/*.json."""
 
 import math
+import time
 
 import torch
 
@@ -39,6 +40,9 @@ def gpu_time(fn):  # the kernels' own time, summed (CUPTI); about 10 ms of calls
 
 
 def python_time(fn):  # wall clock from Python, CPU overhead included; about 100 ms per repeat
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.3:  # calls first: the profiler just stopped, CPU clocks
+        fn()  # and background threads settle before the timed repeats
     return python_ms(fn, target_ms=100.0)
 
 
