@@ -214,6 +214,10 @@ def gpu_docs(session: nox.Session) -> None:
             problems.append("claims fail")
         if wall > BUDGET_S:
             problems.append(f"over its {BUDGET_S} s budget")
+        page = ROOT / "docs" / "posts" / f"{slug}.md"
+        if not problems and not verify and markup.post_meta(page).awaiting_gpu:
+            session.warn(f"gpu_docs: {slug} is measured: delete `awaiting_gpu` from {page.name}'s "
+                         "front matter (the CPU suite fails while it stays)")  # fmt: skip
         n_claims = claims.stdout.count(": holds: ") + claims.stdout.count(": FAILS: ")
         rows.append((slug, wall, n_claims, "; ".join(problems) or "ok"))
         failed += [slug] if problems else []

@@ -7,7 +7,8 @@ The page says how (snippets/common/claims.py reads and checks it):
                  drawn in the browser by the vendored vega-embed, with error bars for timings
   <!-- claim: EXPR -->                     asserted here; shown as a check mark with the claim
 A missing result, an unknown path, a malformed spec or a claim that does not hold fails the
-build with the page and the line.
+build with the page and the line, unless the post's front matter says `awaiting_gpu: why` and
+its results are due: then the page shows a banner, placeholders and unchecked claims instead.
 """
 
 from __future__ import annotations
@@ -34,8 +35,13 @@ OVERLAP_MARK = "≈"
 OVERLAP_LEGEND = f"{OVERLAP_MARK} 与同组中另一个值的区间重叠：两者之差在测量散布之内"
 
 
+PENDING: frozenset = frozenset()  # posts awaiting a GPU run, set once per build
+
+
 def on_files(files: Files, config) -> Files:
+    global PENDING
     base = results_dir()  # HANDBOOK_RESULTS_DIR shows a scratch run (e.g. --verify)
+    PENDING = cl.pending(ROOT, base)
     for path in sorted(base.glob("*/*.json")):
         uri = f"results/{path.relative_to(base).as_posix()}"
         files.append(File.generated(config, uri, abs_src_path=str(path)))
@@ -254,12 +260,13 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
 
 
 def plot(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = True) -> str:
-    spec = json.dumps(vega_spec(slug, d, results), ensure_ascii=False).replace("</", "<\\/")
+    # in an attribute, not a <script type="application/json">: Material's instant navigation
+    # re-creates every inline script without its type, and would run the JSON as JavaScript
+    spec = html.escape(json.dumps(vega_spec(slug, d, results), ensure_ascii=False))
     caption = html.escape(str(d.spec.get("caption") or ""))
     parts = [f'<p class="result-caption"><strong>{caption}</strong></p>'] if caption else []
     parts.append(
-        f'<div class="result-plot" data-result="{html.escape(d.name)}">'
-        f'<script type="application/json">{spec}</script></div>'
+        f'<div class="result-plot" data-result="{html.escape(d.name)}" data-spec="{spec}"></div>'
     )
     if d.spec.get("note"):
         parts.append(f'<p class="result-note">{html.escape(d.spec["note"])}</p>')
@@ -284,10 +291,43 @@ def verified_line(records: list[dict]) -> str:
     return f'<p class="provenance">{html.escape(text)}</p>'
 
 
+PENDING_TITLE = "待 GPU 测量"
+
+
+def pending_block(d: cl.Directive, slug: str) -> str:
+    """A table or plot of a post awaiting a GPU run: what it will show, and how to produce it."""
+    what = {"table": "表", "plot": "图"}[d.kind]
+    caption = html.escape(str(d.spec.get("caption") or d.name))
+    return _pending_box(
+        f"{what}：{caption}。数据 <code>results/{slug}/{html.escape(d.name)}.json</code> "
+        f"尚未由当前代码生成，运行 <code>nox -s gpu_docs -- {slug}</code> 后显示。"
+    )
+
+
+def _pending_box(body: str) -> str:
+    return (
+        f'<div class="admonition warning pending"><p class="admonition-title">{PENDING_TITLE}'
+        f"</p><p>{body}</p></div>\n"
+    )
+
+
+def pending_banner(slug: str, reason: str) -> str:
+    text = (
+        f"本页的实测数据尚未由当前代码在 GPU 上生成：{reason}。表、图和文中的实测数字暂缺，"
+        f"上标“待”的论断尚未对照当前代码的测量核实（运行 <code>nox -s gpu_docs -- {slug}</code>）。"
+    )
+    return _pending_box(text)
+
+
+def pending_claim(d: cl.Directive) -> str:
+    title = f"待核实：{d.text}（本文的测量尚未由当前代码生成）"
+    return f'<span class="claim pending" title="{html.escape(title)}">待</span>'
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     path = ROOT / "docs" / page.file.src_uri
     slug = cl.slug_of(path)
-    results = cl.Results()
+    results = cl.Results(pending=PENDING)
     where = f"docs/{page.file.src_uri}"
     source = path.read_text(encoding="utf-8") if path.is_file() else markdown
     shift = source[: source.find(markdown)].count("\n") if markdown in source else 0  # front matter
@@ -309,6 +349,16 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 shown.add(d.name)
             else:
                 text = claim(d)
+        except cl.Pending:
+            problem = cl.spec_problem(d)
+            if problem:
+                raise PluginError(f"{where}:{d.line + shift}: {problem}") from None
+            if d.kind == "number":
+                text = '<span class="pending" title="待 GPU 测量">（待测）</span>'
+            elif d.kind == "claim":
+                text = pending_claim(d)
+            else:
+                text = pending_block(d, slug)
         except cl.SpecError as exc:
             hint = (
                 f" (produce it with `{refresh_command(slug)}`)"
@@ -320,6 +370,8 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         last = d.end
     markdown = "".join([*out, markdown[last:]])
     line = verified_line(list(results.loaded.values()))
+    if slug in PENDING and path.parent.name == "posts":
+        line = pending_banner(slug, html.escape(cl.markup.post_meta(path).awaiting_gpu or ""))
     if line:  # under the page title
         head, sep, rest = markdown.partition("\n")
         markdown = f"{head}{sep}\n{line}\n{rest}"

@@ -147,6 +147,8 @@ def main(argv=None) -> int:
         total += len(faults)
         for f in faults:
             print(f)
+        for note in gate.awaiting_lines(ROOT, ROOT / "results", {slug}):
+            print(note)
         verdict = "ok" if not faults else f"{len(faults)} fault(s)"
         print(f"check {slug}: {verdict} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     return 1 if total else 0

@@ -18,17 +18,24 @@ from pathlib import Path
 
 import pytest
 
+from snippets.common import claims as cl
+from snippets.common import markup
 from snippets.common import results as res
 from tests import gate
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize(
-    "check", [gate.record_errors, gate.page_errors, gate.unread_errors], ids=lambda c: c.__name__
-)
+@pytest.mark.parametrize("check", ["record_errors", "page_errors", "unread_errors", "pending"])
 def test_repository(check):
-    errors = check(ROOT, ROOT / "results")
+    base = ROOT / "results"
+    pending = cl.pending(ROOT, base)  # posts awaiting a GPU run (gate.awaiting_lines says why)
+    errors = {
+        "record_errors": lambda: gate.record_errors(ROOT, base, pending=pending),
+        "page_errors": lambda: gate.page_errors(ROOT, base, None, pending),
+        "unread_errors": lambda: gate.unread_errors(ROOT, base, None, pending),
+        "pending": lambda: cl.pending_errors(ROOT, base),
+    }[check]()
     assert not errors, "\n".join(errors)
 
 
@@ -264,3 +271,60 @@ def test_stat_arithmetic_keeps_the_widest_range():
         a / res.Stat(0.0, -1.0, 1.0, 5)
     with pytest.raises(ValueError, match="at least 5 repeats"):
         res.Stat.of([1, 2, 3], "python")
+
+
+FRONT = """---
+title: 演示
+summary: 演示。
+prerequisites: []
+series: 1
+awaiting_gpu: 计时方法改了，还没有在 GPU 上重新运行
+---
+
+"""
+AWAITING = (
+    "docs/posts/demo.md:6: awaiting a GPU run (`nox -s gpu_docs -- demo`): "
+    "计时方法改了，还没有在 GPU 上重新运行"
+)
+
+
+def test_a_post_awaiting_a_gpu_run_passes_with_stale_or_missing_results(scratch):
+    page = scratch / "docs/posts/demo.md"
+    page.write_text(FRONT + PAGE, encoding="utf-8")
+    edit(scratch / "snippets/demo/helper.py", "def size():", "def size():  # tweak")
+    assert gate.errors(scratch) == []  # stale, but said so: nothing of it is shown
+    assert gate.awaiting_lines(scratch, scratch / "results") == [AWAITING]
+    lines, failed = gate.claim_report(scratch, scratch / "results")
+    assert failed == 0 and len(lines) == 1 and ": pending: " in lines[0]
+    (scratch / RESULT).unlink()
+    assert gate.errors(scratch) == [] and gate.due(scratch) == ["demo"]
+
+
+def test_a_post_awaiting_a_gpu_run_still_checks_what_needs_no_results(scratch):
+    page = scratch / "docs/posts/demo.md"
+    page.write_text(FRONT + PAGE.replace("< speed:rows[impl=b].ms", "<"), encoding="utf-8")
+    (scratch / RESULT).unlink()
+    error, *more = gate.errors(scratch)
+    assert (
+        not more
+        and error.startswith("docs/posts/demo.md:19: claim ")
+        and "not an expression" in error
+    )
+
+
+def test_awaiting_gpu_on_a_post_whose_results_are_fresh_fails(scratch):
+    (scratch / "docs/posts/demo.md").write_text(FRONT + PAGE, encoding="utf-8")
+    assert gate.errors(scratch) == [
+        "docs/posts/demo.md:6: awaiting_gpu is set, but results/demo/ are complete and fresh: "
+        "remove the key so the page shows them"
+    ]
+
+
+def test_awaiting_gpu_without_a_reason_is_a_front_matter_error(tmp_path):
+    page = tmp_path / "docs" / "posts" / "demo.md"
+    page.parent.mkdir(parents=True)
+    page.write_text(FRONT.replace("计时方法改了，还没有在 GPU 上重新运行", '""') + "# 演示\n")
+    with pytest.raises(
+        markup.PageError, match=r"demo\.md:6: front matter: 'awaiting_gpu' must say"
+    ):
+        markup.post_meta(page)

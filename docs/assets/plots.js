@@ -4,7 +4,7 @@
 function drawPlots(root) {
   const dark = document.body.getAttribute("data-md-color-scheme") === "slate";
   for (const box of root.querySelectorAll(".result-plot")) {
-    const spec = JSON.parse(box.querySelector("script").textContent);
+    const spec = JSON.parse(box.dataset.spec);
     let target = box.querySelector(".result-plot-view");
     if (!target) {
       target = document.createElement("div");

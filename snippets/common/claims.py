@@ -25,7 +25,15 @@ from pathlib import Path
 import yaml
 
 from snippets.common import markup
-from snippets.common.results import ResultError, Stat, is_stat, load_result, results_dir
+from snippets.common.results import (
+    ResultError,
+    Stat,
+    commit_known,
+    is_stat,
+    load_result,
+    results_dir,
+    stale_sources,
+)
 
 CLAIM_REF = re.compile(
     r"(?<![\w\"'/.])(?P<name>(?:[a-z][a-z0-9-]*/)?[a-z0-9][a-z0-9-]*)"
@@ -40,6 +48,10 @@ MARKS = {"arc", "area", "bar", "boxplot", "circle", "errorband", "errorbar", "ge
 
 class SpecError(ValueError):
     """A reference, spec or claim is wrong; the message starts with page:line."""
+
+
+class Pending(SpecError):
+    """A reference into the results of a post that declares `awaiting_gpu` and is due."""
 
 
 # --------------------------------------------------------------------------- lookup
@@ -178,12 +190,16 @@ class Results:
 
     base: Path = field(default_factory=results_dir)
     loaded: dict = field(default_factory=dict)
+    pending: frozenset = frozenset()  # posts awaiting a GPU run: nothing of theirs is shown
 
     def record(self, slug: str, name: str) -> dict:
         if "/" in name:
             slug, name = name.split("/", 1)
         if name == DATA:
             return hardware_record()
+        if slug in self.pending:
+            raise Pending(f"results/{slug}/{name}.json awaits a GPU run (`nox -s gpu_docs -- "
+                          f"{slug}`)")  # fmt: skip
         key = (slug, name)
         if key not in self.loaded:
             path = self.base / slug / f"{name}.json"
@@ -573,6 +589,26 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
     return None if holds else f"claim does not hold: {d.text}  ({shown})"
 
 
+def spec_problem(d: Directive) -> str | None:
+    """What can be checked of a directive without its results (a post awaiting a GPU run)."""
+    try:
+        if d.kind == "claim":
+            if not CLAIM_REF.search(d.text):
+                return f"claim {d.text!r} reads no result (a reference is NAME:path)"
+            ast.parse(CLAIM_REF.sub("_r", d.text), mode="eval")
+        elif d.kind == "table":
+            table_columns(d)
+        if d.kind in ("table", "plot") and "rows" not in d.spec:
+            return f"```{d.kind} {d.name} needs `rows:`, the path of a list of rows"
+        if d.kind == "plot" and "mark" not in d.spec and "layer" not in d.spec:
+            return "```plot needs a Vega-Lite `mark:` (or `layer:`)"
+    except SyntaxError as exc:
+        return f"claim {d.text!r} is not an expression: {exc.msg}"
+    except SpecError as exc:
+        return str(exc)
+    return None
+
+
 def page_errors(page: Path, results: Results | None = None, shown: str | None = None) -> list[str]:
     """Every problem of a page's numbers, tables, plots and claims, as "page:line: problem"."""
     results = results or Results()
@@ -585,6 +621,8 @@ def page_errors(page: Path, results: Results | None = None, shown: str | None = 
     for d in found:
         try:
             problem = check_directive(slug, d, results)
+        except Pending:
+            problem = spec_problem(d)  # no results to check against: the spec alone
         except SpecError as exc:
             problem = str(exc)
             if getattr(exc, "unreadable", None):  # a broken record: say so once per page
@@ -596,8 +634,9 @@ def page_errors(page: Path, results: Results | None = None, shown: str | None = 
     return errors
 
 
-def claims(page: Path, results: Results | None = None) -> list[tuple[int, str, bool, str]]:
-    """(line, expression, holds, values) for each claim on a page (a problem counts as false)."""
+def claims(page: Path, results: Results | None = None) -> list[tuple[int, str, bool | None, str]]:
+    """(line, expression, holds, values) for each claim on a page (a problem counts as false;
+    None: it reads a post awaiting a GPU run)."""
     results = results or Results()
     out = []
     for d in directives(page):
@@ -605,6 +644,8 @@ def claims(page: Path, results: Results | None = None) -> list[tuple[int, str, b
             continue
         try:
             holds, shown = evaluate(d.text, slug_of(page), results)
+        except Pending as exc:
+            holds, shown = None, str(exc)
         except SpecError as exc:
             holds, shown = False, str(exc)
         out.append((d.line, d.text, holds, shown))
@@ -644,3 +685,63 @@ def reads(page: Path) -> dict[tuple[str, str], set[str]]:
                 m = CLAIM_REF.fullmatch(str(p).strip())
                 add(m["name"], m["path"]) if m else add(d.name, p)
     return out
+
+
+# --------------------------------------------------------------------------- due and pending
+
+
+def record_due(path: Path, root: Path) -> bool:
+    """A record that cannot be loaded, is from an unknown commit, or whose sources changed."""
+    try:
+        record = load_result(path)
+    except ResultError:
+        return True
+    return commit_known(record["provenance"]["commit"], root) is False or bool(
+        stale_sources(record, root)
+    )
+
+
+def due(root: Path, base: Path, slugs=None) -> set[str]:
+    """Posts (of `slugs`, or all) whose results are missing, invalid or stale."""
+    posts = sorted((root / "docs" / "posts").glob("*.md"))
+    wanted = {p.stem for p in posts} if slugs is None else set(slugs)
+    out = {f.parent.name for f in sorted(base.glob("*/*.json"))
+           if f.parent.name in wanted and record_due(f, root)}  # fmt: skip
+    for page in sorted((root / "docs").rglob("*.md")):
+        try:
+            read = reads(page)
+        except (SpecError, markup.PageError):
+            continue
+        missing = {(s, n) for s, n in read if n != DATA and not (base / s / f"{n}.json").is_file()}
+        out |= {s for s, _ in missing if s in wanted}
+    return {s for s in out if (root / "docs" / "posts" / f"{s}.md").is_file()}
+
+
+def awaiting(root: Path) -> dict[str, markup.PostMeta]:
+    """Posts whose front matter says their results wait for a GPU run."""
+    out = {}
+    for page in sorted((root / "docs" / "posts").glob("*.md")):
+        try:
+            meta = markup.post_meta(page)
+        except markup.PageError:
+            continue  # the build and the page checks report it
+        if meta.awaiting_gpu:
+            out[meta.slug] = meta
+    return out
+
+
+def pending(root: Path, base: Path) -> frozenset:
+    """The posts shown as awaiting a GPU run: they say so and their results are due. A post
+    that says so while its results are complete and fresh is an error (pending_errors)."""
+    declared = awaiting(root)
+    return frozenset(due(root, base, declared)) if declared else frozenset()
+
+
+def pending_errors(root: Path, base: Path) -> list[str]:
+    declared = awaiting(root)
+    ready = set(declared) - due(root, base, declared)
+    return [
+        f"docs/posts/{s}.md:{declared[s].awaiting_line}: awaiting_gpu is set, but "
+        f"results/{s}/ are complete and fresh: remove the key so the page shows them"
+        for s in sorted(ready)
+    ]

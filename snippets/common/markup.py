@@ -204,6 +204,7 @@ def line_of(text: str, offset: int) -> int:
 # --------------------------------------------------------------------------- front matter
 
 META_KEYS = {"title": str, "summary": str, "prerequisites": list, "series": int}
+OPTIONAL_KEYS = {"awaiting_gpu": str}  # why the post's results are not measured yet
 _FRONT = re.compile(r"\A---[ \t]*\n(?P<body>.*?)\n---[ \t]*\n", re.S)
 
 
@@ -218,6 +219,8 @@ class PostMeta:
     prerequisites: tuple[str, ...]
     series: int
     heading: str
+    awaiting_gpu: str | None = None  # set while its results wait for `nox -s gpu_docs`
+    awaiting_line: int = 0
 
 
 def post_meta(path: Path, text: str | None = None) -> PostMeta:
@@ -245,9 +248,15 @@ def post_meta(path: Path, text: str | None = None) -> PostMeta:
         return next((i + 2 for i, ln in enumerate(lines) if ln.startswith(f"{key}:")), 2)
 
     for key in meta:
-        if key not in META_KEYS:
+        if key not in META_KEYS and key not in OPTIONAL_KEYS:
+            known = ", ".join([*META_KEYS, *OPTIONAL_KEYS])
             raise PageError(f"{where}:{line_of_key(key)}: front matter: unknown key {key!r} "
-                            f"(known: {', '.join(META_KEYS)})")  # fmt: skip
+                            f"(known: {known})")  # fmt: skip
+    awaiting = meta.get("awaiting_gpu")
+    if "awaiting_gpu" in meta and (not isinstance(awaiting, str) or not awaiting.strip()):
+        raise PageError(f"{where}:{line_of_key('awaiting_gpu')}: front matter: "
+                        f"'awaiting_gpu' must say why the results wait for a GPU run, "
+                        f"got {awaiting!r}")  # fmt: skip
     for key, kind in META_KEYS.items():
         if key not in meta:
             raise PageError(f"{where}:1: front matter: missing {key!r}")
@@ -266,8 +275,10 @@ def post_meta(path: Path, text: str | None = None) -> PostMeta:
     heading = re.search(r"^# (.+)$", text[m.end() :], re.M)
     if not heading:
         raise PageError(f"{where}:{text[: m.end()].count(chr(10)) + 1}: a post needs a '# ' title")
+    awaiting = awaiting.strip() if awaiting else None
     return PostMeta(path.stem, meta["title"], meta["summary"].strip(),
-                    tuple(meta["prerequisites"]), meta["series"], heading[1].strip())  # fmt: skip
+                    tuple(meta["prerequisites"]), meta["series"], heading[1].strip(),
+                    awaiting, line_of_key("awaiting_gpu"))  # fmt: skip
 
 
 def series(root: Path) -> list[PostMeta]:
