@@ -227,5 +227,36 @@ def data_errors(root: Path) -> list[str]:
     return [e.replace(str(root) + "/", "") for e in errors]
 
 
+_CELL_SEP = re.compile(r"(?<!\\)\|")  # a | that is not escaped
+
+
+def _cells(row: str) -> int:
+    """Cells of a Markdown table row, as the tables extension splits it (code spans kept)."""
+    row = re.sub(r"`[^`]*`", "``", row.strip()).strip("|")
+    return len(_CELL_SEP.split(row))
+
+
+def table_errors(root: Path) -> list[str]:
+    """Every row of every Markdown table has as many cells as its header: a stray | in a cell
+    makes the extension drop the last cell or pad the row, silently."""
+    errors = []
+    for page in pages(root):
+        text = page.read_text(encoding="utf-8")
+        fences = scan(page)
+        prose = markup.prose(text, fences).splitlines()
+        header = None
+        for n, line in enumerate(prose, 1):
+            is_row = line.lstrip().startswith("|")
+            if is_row and header is None:
+                header = (_cells(line), n)
+            elif is_row and not re.fullmatch(r"\s*\|?[\s:|-]+\|?\s*", line):
+                if _cells(line) != header[0]:
+                    errors.append(f"{rel(root, page)}:{n}: table row has {_cells(line)} cells, "
+                                  f"its header (line {header[1]}) {header[0]}")  # fmt: skip
+            elif not is_row:
+                header = None
+    return errors
+
+
 ALL_CHECKS = (fence_errors, orphan_errors, nav_errors, link_errors, asset_errors, data_errors,
-              diagram_errors)  # fmt: skip
+              diagram_errors, table_errors)  # fmt: skip

@@ -62,3 +62,116 @@ def test_vendored_assets_are_in_the_site(site):
     for rel in ("assets/vendor/mermaid/mermaid.min.js", "assets/vendor/katex/katex.min.js"):
         assert (site / rel).stat().st_size > 100_000, rel
     assert list((site / "assets/vendor/katex/fonts").glob("*.woff2"))
+
+
+# --------------------------------------------------------------------------- bug classes
+# Each check below would have caught a bug the site once had; each is tried on a planted copy.
+
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # a tab or another control character
+MATH = re.compile(r'<(span|div) class="arithmatex">(?P<tex>.*?)</\1>', re.S)
+CODE = re.compile(r"<pre\b[^>]*>(?P<code>.*?)</pre>", re.S)
+TAG = re.compile(r"<[^>]+>")
+
+
+def html_pages(site: Path) -> list[Path]:
+    return sorted(p for p in site.rglob("*.html") if p.name != "404.html")
+
+
+def math_errors(site: Path) -> list[str]:
+    """No control character inside a formula (a "\\t" in a Python string once became a TAB
+    where `\\times` was meant)."""
+    found = []
+    for path in html_pages(site):
+        text = path.read_text(encoding="utf-8")
+        for m in MATH.finditer(text):
+            c = CONTROL.search(m["tex"])
+            if c:
+                line = text.count("\n", 0, m.start() + c.start()) + 1
+                found.append(f"{path.relative_to(site)}:{line}: control character "
+                             f"{c.group()!r} in a formula: {m['tex'][:60]!r}")  # fmt: skip
+    return found
+
+
+def home_errors(site: Path, slugs: list[str]) -> list[str]:
+    """The home page links every post (it once listed seven of eight)."""
+    text = (site / "index.html").read_text(encoding="utf-8")
+    return [f"index.html: no link to posts/{s}/" for s in slugs if f'href="posts/{s}/"' not in text]
+
+
+def section_lines(root: Path, file: str, section: str | None) -> list[str]:
+    lines = (root / file).read_text(encoding="utf-8").splitlines()
+    if section:
+        start = lines.index(next(ln for ln in lines if f"--8<-- [start:{section}]" in ln))
+        end = lines.index(next(ln for ln in lines if f"--8<-- [end:{section}]" in ln))
+        lines = lines[start + 1 : end]
+    return [ln.strip() for ln in lines if ln.strip() and "--8<-- [" not in ln]
+
+
+def include_errors(site: Path, root: Path) -> list[str]:
+    """Every line of every included snippet section is on the built page (a section once lost
+    its first line and the list after it)."""
+    from html import unescape
+
+    from snippets.common import markup
+
+    found = []
+    for page in sorted((root / "docs").rglob("*.md")):
+        built = site / page.relative_to(root / "docs").with_suffix("") / "index.html"
+        if page.stem == "index":
+            built = site / page.relative_to(root / "docs").with_suffix(".html")
+        if not built.is_file():
+            continue
+        code = "\n".join(unescape(TAG.sub("", m["code"]))
+                         for m in CODE.finditer(built.read_text(encoding="utf-8")))  # fmt: skip
+        shown = {ln.strip() for ln in code.splitlines()}
+        for fence in markup.scan(page):
+            for file, section in fence.includes():
+                missing = [ln for ln in section_lines(root, file, section) if ln not in shown]
+                where = f"{page.relative_to(root)}:{fence.line}"
+                if missing:
+                    found.append(f"{where}: {file}:{section or ''} shows without {missing[0]!r}")
+    return found
+
+
+def test_no_control_characters_in_formulas(site):
+    assert not math_errors(site)
+
+
+def test_the_home_page_links_every_post(site):
+    from snippets.common import markup
+
+    assert not home_errors(site, markup.post_slugs(ROOT))
+
+
+def test_every_included_section_shows_whole(site):
+    found = include_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_bug_class_checks_see_their_bugs_planted_back(tmp_path):
+    (tmp_path / "index.html").write_text('<a href="posts/a/">a</a>\n', encoding="utf-8")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "index.html").write_text(
+        '<p>x</p>\n<span class="arithmatex">\\(a \times b\\)</span>\n', encoding="utf-8"
+    )
+    assert math_errors(tmp_path) == [
+        "m/index.html:2: control character '\\t' in a formula: '\\\\(a \\times b\\\\)'"
+    ]
+    assert home_errors(tmp_path, ["a", "b"]) == ["index.html: no link to posts/b/"]
+    root = tmp_path / "repo"
+    (root / "docs" / "posts").mkdir(parents=True)
+    (root / "snippets").mkdir()
+    (root / "snippets" / "x.py").write_text(
+        "# --8<-- [start:demo]\nimport math\nprint(math.pi)\n# --8<-- [end:demo]\n", "utf-8"
+    )
+    (root / "docs" / "posts" / "p.md").write_text(
+        '# P\n\n```python\n--8<-- "snippets/x.py:demo"\n```\n', encoding="utf-8"
+    )
+    site = tmp_path / "site"
+    (site / "posts" / "p").mkdir(parents=True)
+    (site / "posts" / "p" / "index.html").write_text(
+        "<pre><code><span>print</span>(math.pi)</code></pre>", encoding="utf-8"
+    )
+    assert include_errors(site, root) == [
+        "docs/posts/p.md:3: snippets/x.py:demo shows without 'import math'"
+    ]

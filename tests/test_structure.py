@@ -14,3 +14,15 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_docs_tree(check):
     errors = check(ROOT)
     assert not errors, "\n".join(errors)
+
+
+def test_table_check_sees_a_stray_pipe(tmp_path):
+    page = tmp_path / "docs" / "p.md"
+    page.parent.mkdir()
+    page.write_text(
+        "# P\n\n| a | b |\n|---|---|\n| `x|y` | a\\|b |\n| 1 | 2 | 3 |\n\n| c |\n|---|\n| 4 |\n",
+        encoding="utf-8",
+    )
+    assert structure.table_errors(tmp_path) == [
+        "docs/p.md:6: table row has 3 cells, its header (line 3) 2"
+    ]
