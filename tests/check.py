@@ -109,14 +109,17 @@ def printed(dump: Path) -> dict[tuple[str, int], list[str]]:
     return out
 
 
-def dynamic_faults(slug: str, extra: list[str]) -> list[str]:
+def dynamic_faults(slug: str, extra: list[str], meanwhile=list) -> list[str]:
+    """The page and its tests under pytest, twice (two hash seeds), in the background; the
+    faults `meanwhile()` finds while they run come first."""
     page, _, test, _ = places(slug)
     targets = [page] + ([test] if (ROOT / test).is_file() else [])
     with tempfile.TemporaryDirectory(prefix="handbook-check-") as tmp:
         a, b = Path(tmp) / "a.jsonl", Path(tmp) / "b.jsonl"
         first = start_pytest(targets, 1, a, extra)  # the two runs share the two cores
         second = start_pytest([page], 2, b, extra)
-        faults = finish_pytest(first, targets, a)
+        faults = meanwhile()
+        faults += finish_pytest(first, targets, a)
         finish_pytest(second, [page], b)
         first, second = printed(a), printed(b)
         for key in sorted(set(first) & set(second)):
@@ -143,7 +146,8 @@ def main(argv=None) -> int:
     total = 0
     for slug in args.slugs:
         t0 = time.perf_counter()
-        faults = list(dict.fromkeys(static_faults(slug) + dynamic_faults(slug, extra)))
+        found = dynamic_faults(slug, extra, meanwhile=lambda slug=slug: static_faults(slug))
+        faults = list(dict.fromkeys(found))
         total += len(faults)
         for f in faults:
             print(f)
