@@ -118,14 +118,18 @@ def unread_errors(root: Path, base: Path, slugs=None, pending=frozenset()) -> li
 def errors(root: Path = ROOT, base: Path | None = None, slugs=None) -> list[str]:
     base = base or root / "results"
     pending = cl.pending(root, base)
-    ready = [e for e in cl.pending_errors(root, base)
-             if slugs is None or Path(e.split(":")[0]).stem in slugs]  # fmt: skip
     return (
         record_errors(root, base, slugs, pending=pending)
         + page_errors(root, base, slugs, pending)
         + unread_errors(root, base, slugs, pending)
-        + ready
+        + ready_errors(root, base, slugs)
     )
+
+
+def ready_errors(root: Path, base: Path, slugs=None) -> list[str]:
+    """Posts that say they await a GPU run while their results are complete and fresh."""
+    found = cl.pending_errors(root, base)
+    return [e for e in found if slugs is None or Path(e.split(":")[0]).stem in slugs]
 
 
 def awaiting_lines(root: Path, base: Path, slugs=None) -> list[str]:
@@ -186,8 +190,7 @@ def main(argv=None) -> int:
     pending = cl.pending(ROOT, base)
     found = record_errors(ROOT, base, slugs, fresh=not args.no_fresh, pending=pending)
     found += page_errors(ROOT, base, slugs, pending)
-    found += [e for e in cl.pending_errors(ROOT, base)
-              if slugs is None or Path(e.split(":")[0]).stem in slugs]  # fmt: skip
+    found += ready_errors(ROOT, base, slugs)
     print("\n".join(awaiting_lines(ROOT, base, slugs) + found) or "results gate: clean")
     return 1 if found else 0
 
