@@ -93,36 +93,56 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
     cuda = torch.profiler.ProfilerActivity.CUDA
     with _quiet(), torch.profiler.profile(activities=[cuda]) as prof:
         for i in range(repeats):
-            with torch.profiler.record_function(f"handbook_repeat_{i}"):
+            with torch.profiler.record_function(f"{MARKER}{i}"):
                 for _ in range(calls):
                     fn()
                 torch.cuda.synchronize()
-    device = torch.autograd.DeviceType.CUDA
-    events = prof.events()
-    marker = "handbook_repeat_"
-    marks = [e for e in events if e.name.startswith(marker)]
-    on_gpu = [e for e in marks if e.device_type == device]  # the GPU's copies of the ranges
-    ranges = sorted((e.time_range.start, e.time_range.end) for e in (on_gpu or marks))
-    kernels = [e for e in events if e.device_type == device and not e.name.startswith(marker)]
-    kernels.sort(key=lambda e: e.time_range.start)
+    # the raw events: prof.events() would build a Python object per event, ~50 us each
+    gpu = torch.autograd.DeviceType.CUDA
+    names: dict[str, str] = {}  # demangled, as prof.events() names them
+    spans = []
+    for e in prof.profiler.kineto_results.events():
+        name, on_gpu = e.name(), e.device_type() == gpu
+        hidden = getattr(e, "is_hidden_event", lambda: False)()  # absent in some builds
+        if hidden or not (on_gpu or name.startswith(MARKER)):
+            continue
+        if name not in names:
+            names[name] = torch._C._demangle(name) if len(name) > 1 else name
+        spans.append((names[name], on_gpu, e.start_ns(), e.end_ns()))
+    return split_repeats(spans, repeats, classify)
+
+
+MARKER = "handbook_repeat_"
+
+
+def split_repeats(spans, repeats: int, classify) -> list[dict]:
+    """Sums per repeat from profiler spans (name, on_gpu, start_ns, end_ns): each GPU span
+    belongs to the repeat whose marker range it started in (the GPU's copy of the marker if
+    there is one); if the ranges do not line up, and every repeat launched the same kernels,
+    they are split in order."""
+    marks = [s for s in spans if s[0].startswith(MARKER)]
+    on_gpu = [s for s in marks if s[1]]
+    ranges = sorted((s[2], s[3]) for s in (on_gpu or marks))
+    kernels = sorted((s for s in spans if s[1] and not s[0].startswith(MARKER)),
+                     key=lambda s: s[2])  # fmt: skip
     sums: list[dict] = [{} for _ in range(repeats)]
-    for e in kernels:  # each kernel belongs to the repeat whose range it started in
-        i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= e.time_range.start <= hi), None)
+    for name, _, start, end in kernels:
+        i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= start <= hi), None)
         if i is None or len(ranges) != repeats:
             break
-        cell = sums[i].setdefault(classify(e.name), [0.0, 0])
-        cell[0] += e.time_range.elapsed_us()
+        cell = sums[i].setdefault(classify(name), [0.0, 0])
+        cell[0] += (end - start) / 1e3
         cell[1] += 1
     else:
         if all(sums):
             return sums
     if not kernels or len(kernels) % repeats:  # clocks not aligned, nor the same kernels a repeat
         raise RuntimeError(f"kernel_ms: cannot split {len(kernels)} kernels into {repeats} repeats")
-    per = len(kernels) // repeats  # every repeat launched the same kernels: split them in order
+    per = len(kernels) // repeats
     sums = [{} for _ in range(repeats)]
-    for k, e in enumerate(kernels):
-        cell = sums[k // per].setdefault(classify(e.name), [0.0, 0])
-        cell[0] += e.time_range.elapsed_us()
+    for k, (name, _, start, end) in enumerate(kernels):
+        cell = sums[k // per].setdefault(classify(name), [0.0, 0])
+        cell[0] += (end - start) / 1e3
         cell[1] += 1
     return sums
 
