@@ -195,6 +195,7 @@ def gpu_docs(session: nox.Session) -> None:
             "TRITON_CACHE_DIR": str(cold / "triton"),
             "TORCHINDUCTOR_CACHE_DIR": str(cold / "inductor"),
             "CUDA_CACHE_PATH": str(cold / "cuda"),
+            "HANDBOOK_BENCH_TRACE": str(cold / "bench-trace.tsv"),
         }
         test_file = markup.test_file_of(ROOT, slug)
         targets = [f"docs/posts/{slug}.md"] + ([str(test_file)] if test_file.exists() else [])
@@ -205,6 +206,7 @@ def gpu_docs(session: nox.Session) -> None:
             cwd=ROOT, env=post_env,
         )  # fmt: skip
         wall = time.perf_counter() - t0
+        _print_trace(cold / "bench-trace.tsv", wall)
         claims = _gate("--results", str(base), "--claims", slug, env=env)
         print(claims.stdout + claims.stderr, end="")
         problems = []
@@ -244,6 +246,22 @@ def gpu_docs(session: nox.Session) -> None:
         session.log(f"measured into {base} (results/ untouched)")
     if failed:
         session.error(f"gpu_docs: failed: {', '.join(failed)}")
+
+
+def _print_trace(path: Path, wall: float, top: int = 8) -> None:
+    """The timing-harness calls (snippets/common/bench.py) that took the most of a post's wall
+    time, summed per call site: where to cut when a post is over its budget."""
+    if not path.exists():
+        return
+    sites: dict[str, list] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        seconds, name, where = line.split("\t")
+        cell = sites.setdefault(f"{name} at {where}", [0.0, 0])
+        cell[0] += float(seconds)
+        cell[1] += 1
+    print(f"bench harness calls by site (of {wall:.1f} s wall; ceilings() includes its graph_ms):")
+    for site, (seconds, count) in sorted(sites.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {seconds:7.2f} s  {count:4d} calls  {site}")
 
 
 def venv_python(session: nox.Session) -> str:

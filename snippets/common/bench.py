@@ -16,6 +16,8 @@ from __future__ import annotations
 import functools
 import gc
 import math
+import os
+import sys
 import time
 from contextlib import contextmanager
 
@@ -24,6 +26,27 @@ import torch
 from snippets.common.results import MAX_SPREAD, ResultError, Stat
 
 REPEATS = 7
+
+
+def _traced(fn):
+    """With HANDBOOK_BENCH_TRACE=<file> (gpu_docs sets it), each harness call appends its wall
+    time and its caller's file:line, so a post over its budget shows where the seconds went."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        path = os.environ.get("HANDBOOK_BENCH_TRACE")
+        if not path:
+            return fn(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            caller = sys._getframe(1)
+            where = f"{os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}"
+            with open(path, "a", encoding="utf-8") as out:
+                out.write(f"{time.perf_counter() - t0:.3f}\t{fn.__name__}\t{where}\n")
+
+    return wrapper
 
 
 @contextmanager
@@ -49,6 +72,7 @@ def _calls_for(fn, target_ms: float, max_calls: int) -> int:
     return max(1, min(max_calls, math.ceil(target_ms / max(once, 1e-3))))
 
 
+@_traced
 def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 40.0,
              max_calls: int = 500) -> Stat:  # fmt: skip
     """GPU time of one call of `fn`, from replays of a CUDA graph of back-to-back calls.
@@ -147,6 +171,7 @@ def split_repeats(spans, repeats: int, classify) -> list[dict]:
     return sums
 
 
+@_traced
 def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms: float = 10.0,
               warmup: int = 2) -> Stat:  # fmt: skip
     """GPU time of one call of `fn`: its kernels' durations (CUPTI) summed, per repeat of
@@ -159,6 +184,7 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
     return Stat.of([s[None][0] / calls / 1e3 for s in sums], "gpu-kernels")
 
 
+@_traced
 def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1,
                  warmup: int = 1) -> dict[str, dict]:  # fmt: skip
     """kernel_ms per class of kernel: {classify(name): {"ms": Stat, "kernels": per call}}."""
@@ -174,6 +200,7 @@ def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1,
     return out
 
 
+@_traced
 def python_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms: float = 20.0,
               warmup: int = 3) -> Stat:  # fmt: skip
     """Time seen from Python: wall clock of `calls` calls (not synchronised between calls,
@@ -195,6 +222,7 @@ def python_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
 
 
 @functools.cache
+@_traced
 def ceilings() -> dict[str, Stat]:
     """Practical ceilings, measured in this run: copy bandwidth (bytes read + written per
     second, 1 GiB buffers, far larger than the L2) and bf16 matmul FLOP/s (8192^3, random
