@@ -259,6 +259,18 @@ def test_results_are_recorded_by_snippet_modules_only(monkeypatch, tmp_path):
         res.write_result("demo", "x", {"a": 1})
 
 
+def test_stat_range_leaves_out_a_sixth_of_the_repeats_at_each_end():
+    """n // 6 repeats at each end set no range: of 7 one (as before), of 15 two, so two
+    disturbed repeats of a noisy Python clock cannot widen it; min and max are kept."""
+    assert res.Stat.of([1.0, 1.0, 1.0, 1.0, 1.5], "python").hi == 1.5  # under 7: all repeats
+    seven = res.Stat.of([0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.5], "python")
+    assert (seven.lo, seven.hi, seven.extremes) == (1.0, 1.0, (0.5, 1.5))
+    fifteen = res.Stat.of([0.5, 0.6] + [1.0] * 11 + [1.4, 1.5], "python")
+    assert (fifteen.lo, fifteen.hi, fifteen.median, fifteen.n) == (1.0, 1.0, 1.0, 15)
+    three_off = res.Stat.of([0.5, 0.6, 0.7] + [1.0] * 12, "python")
+    assert three_off.lo == 0.7  # a third disturbed repeat shows
+
+
 def test_stat_arithmetic_keeps_the_widest_range():
     a = res.Stat(2.0, 1.9, 2.1, 7, "gpu-graph")
     b = res.Stat(1.0, 0.95, 1.05, 5, "gpu-graph")

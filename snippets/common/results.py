@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = 2
 MAX_SPREAD = 0.05  # a timing whose spread (± of the median) is wider fails the run
 MIN_REPEATS = 5
-TRIM_FROM = 7  # from 7 repeats on, lo and hi are the second-smallest and second-largest
+TRIM_FROM = 7  # from 7 repeats on, lo and hi drop the n // 6 fastest and slowest repeats
 RESULTS_DIR_ENV = "HANDBOOK_RESULTS_DIR"  # set by gpu_docs: where measurements go
 UPDATE_ENV = "HANDBOOK_UPDATE_RECORDS"  # set by `pytest --update-examples`: rewrite computed
 COMMIT_ENV, DIRTY_ENV = "HANDBOOK_COMMIT", "HANDBOOK_DIRTY"
@@ -61,9 +61,11 @@ class ResultError(ValueError):
 class Stat:
     """A repeated measurement: median and range (lo..hi) of `n` repeats, and how it was timed.
 
-    From 7 repeats on, lo and hi are the second-smallest and second-largest repeat (about the
-    17th and 83rd percentiles of 7): one repeat disturbed by the OS or the GPU's power limit
-    cannot set the range. The fastest and slowest repeats are kept too (`min`, `max`).
+    From 7 repeats on, lo and hi leave out the n // 6 fastest and the n // 6 slowest repeats
+    (of 7: the second-smallest and second-largest, about the 17th and 83rd percentiles; of 13:
+    the third from each end): a repeat disturbed by the OS or the GPU's power limit cannot set
+    the range. Noisier clocks take more repeats, so more disturbed ones are left out at the same
+    quantiles. The fastest and slowest repeats are kept too (`min`, `max`).
 
     Arithmetic between Stats (and numbers) is interval arithmetic on (lo, hi), with the median
     computed from the medians: a speed-up eager / graph keeps the widest range the two allow.
@@ -87,7 +89,7 @@ class Stat:
             raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
         mid = len(xs) // 2
         median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-        trim = 1 if len(xs) >= TRIM_FROM else 0  # one disturbed repeat cannot set the range
+        trim = len(xs) // 6 if len(xs) >= TRIM_FROM else 0  # disturbed repeats set no range
         return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=(xs[0], xs[-1]))
 
     @property

@@ -130,11 +130,11 @@ def kernel_class(name: str) -> str:
     return "memory"
 
 
-def profile_step(step, repeats=REPEATS):
+def profile_step(step, repeats=REPEATS, calls=4):
     """Per kernel class: kernels launched per step, and their time per step as a Stat over
-    `repeats` steps (kernel_ms_by: each step's kernel durations summed by class), with its share
-    of the step's kernel time."""
-    by = kernel_ms_by(step, kernel_class, repeats=repeats)
+    `repeats` repeats of `calls` steps (kernel_ms_by: kernel durations summed by class; one
+    step a repeat left the attention kernels' sum ±9.5 %), with its share of the step's time."""
+    by = kernel_ms_by(step, kernel_class, repeats=repeats, calls=calls)
     none = {"ms": Stat.of([0.0] * repeats, "gpu-kernels"), "kernels": 0}
     times = {c: by.get(c, none) for c in CLASSES}
     total = sum(t["ms"] for t in times.values())
