@@ -92,6 +92,61 @@ def test_decision_flow_agrees_with_the_classification(data):
     )
 
 
+def test_each_flow_technique_relieves_the_bottleneck_it_is_listed_under(data):
+    """The rule in the header of data/taxonomy.yaml, checked on the data as committed."""
+    taxonomy, _ = data
+    tagged: dict[str, set[str]] = {}  # technique -> bottlenecks of the categories that list it
+    for c in taxonomy.categories:
+        for t in c.techniques:
+            tagged.setdefault(t, set()).update(c.bottlenecks)
+    flow = {t for n in taxonomy.decision_flow for t in n.techniques}
+    assert set(taxonomy.relieves) == flow
+    for t, relieved in taxonomy.relieves.items():
+        assert set(relieved) <= tagged[t], (t, relieved, tagged[t])
+    wrong = [(n.id, t, taxonomy.relieves[t]) for n in taxonomy.decision_flow
+             for t in n.techniques if n.bottleneck not in taxonomy.relieves[t]]  # fmt: skip
+    assert not wrong
+    # the two placements issue #21 found: GQA saves KV bytes, Grouped GEMM is a compute kernel
+    assert taxonomy.relieves["gqa"] == ("memory",)
+    assert taxonomy.relieves["grouped-gemm"] == ("compute",)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where", "problem"),
+    [  # the placements before issue #21, then one edit per other clause of the rule
+        ("    techniques: [fp8, fp4, moe]", "    techniques: [fp8, fp4, moe, gqa]",
+         "decision 'compute-bound': field 'techniques'",
+         "'gqa' relieves memory, not this symptom's bottleneck 'compute'"),
+        ("    techniques: [comm-overlap, zero-plus-plus, deepep, a2a-overlap]",
+         "    techniques: [comm-overlap, zero-plus-plus, deepep, a2a-overlap, grouped-gemm]",
+         "decision 'communication-bound': field 'techniques'",
+         "'grouped-gemm' relieves compute, not this symptom's bottleneck 'communication'"),
+        ("  gqa: [memory]", "  gqa: [memory, io]", "technique 'gqa': field 'relieves'",
+         "'io' is not a bottleneck of its categories (['compute', 'memory'])"),
+        ("  cuda-graph: [launch]", "  lora: [memory]", "technique 'lora': field 'relieves'",
+         "no symptom of decision_flow lists this technique"),
+        ("    categories: [data-io]", "    categories: [data-io, peft]",
+         "decision 'io-bound': field 'categories'",
+         "category 'peft' is not tagged with this symptom's bottleneck 'io'"),
+    ],
+)  # fmt: skip
+def test_planted_breaks_of_the_flow_rule(tmp_path, old, new, where, problem):
+    path, line = planted(tmp_path, TAXONOMY_PATH, old, new)
+    with pytest.raises(DataError) as err:
+        load_taxonomy(path)
+    assert str(err.value).endswith(f"taxonomy.yaml:{line}: {where}: {problem}"), str(err.value)
+
+
+def test_a_flow_technique_without_an_entry_in_relieves(tmp_path):
+    path, _ = planted(tmp_path, TAXONOMY_PATH, "  cuda-graph: [launch]\n", "")
+    with pytest.raises(DataError) as err:
+        load_taxonomy(path)
+    text = path.read_text(encoding="utf-8")
+    line = text[: text.index("    techniques: [cuda-graph,")].count("\n") + 1
+    msg = "decision 'launch-bound': field 'techniques': 'cuda-graph' has no entry in relieves"
+    assert str(err.value).endswith(f"taxonomy.yaml:{line}: {msg}")
+
+
 def test_every_glossary_technique_is_linked_wherever_it_is_rendered(data, links):
     taxonomy, glossary = data
     ids = glossary.by_id()
@@ -291,8 +346,8 @@ def test_planted_vocabulary_extension(tmp_path):
 
 
 def test_planted_flow_technique_outside_its_categories(tmp_path):
-    path, line = planted(tmp_path, TAXONOMY_PATH, "    techniques: [sequence-packing, sharded",
-                         "    techniques: [flash-attention, sharded")  # fmt: skip
+    path, line = planted(tmp_path, TAXONOMY_PATH, "    techniques: [sharded-dataset, gpu",
+                         "    techniques: [flash-attention, gpu")  # fmt: skip
     with pytest.raises(DataError) as err:
         load_taxonomy(path)
     assert f"taxonomy.yaml:{line}: decision 'io-bound': field 'techniques'" in str(err.value)
