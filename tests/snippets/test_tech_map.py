@@ -163,6 +163,38 @@ def test_every_glossary_technique_is_linked_wherever_it_is_rendered(data, links)
         assert not missing, (where, missing)
 
 
+def test_glossary_latency_relations_hold_in_the_metrics_code(data):
+    """What the TPOT and ITL entries say about each other, checked with snippets/metrics/serving.py.
+
+    The old ITL entry said "TPOT 是它的平均": true for one request streamed one token per chunk,
+    false for a run of several requests (and for a request whose chunks carry several tokens).
+    """
+    from statistics import fmean
+
+    from snippets.metrics.serving import Request, e2e, itls, pooled_itls, tpot, trace, ttft
+
+    terms = data[1].by_id()
+    itl, per_request = terms["itl"].definition, terms["tpot"].definition
+    assert "TPOT 是它的平均" not in itl  # the old, unqualified relation
+    # one request, one token per chunk, uneven gaps: its mean ITL is its TPOT
+    one = Request(sent=0, chunks=(100.0, 130.0, 150.0, 190.0, 195.0))
+    assert "对单个请求，若每个分块只带一个 token，它的 ITL 均值正好等于它的 TPOT" in itl
+    assert fmean(itls(one)) == pytest.approx(tpot(one))
+    # ... not when a chunk carries two tokens (request C of the metrics post's trace)
+    c = trace[2]
+    assert c.n_out - 1 == 2 * len(itls(c)) and fmean(itls(c)) == pytest.approx(2 * tpot(c))
+    # several requests of different lengths: one sample per request vs one per gap
+    run = [one, Request(sent=0, chunks=(50.0, 110.0, 170.0))]
+    assert "跨请求汇总时两者一般不等" in itl
+    assert fmean(pooled_itls(run)) != pytest.approx(fmean([tpot(r) for r in run]))
+    assert fmean(pooled_itls(trace)) != pytest.approx(fmean([tpot(r) for r in trace]))
+    # NIM's and AIPerf's "ITL" is (E2E - TTFT) / (n - 1) per request: vLLM's (and our) TPOT
+    assert "也就是 vLLM 的 TPOT" in itl and "NIM" in per_request and "叫 ITL" in per_request
+    assert "(端到端延迟 − TTFT) ÷ (输出 token 数 − 1)" in per_request
+    for r in (*trace, one):
+        assert (e2e(r) - ttft(r)) / (r.n_out - 1) == tpot(r)
+
+
 def test_technique_named_like_a_term_uses_its_id(data):
     taxonomy, glossary = data
     check_links(taxonomy, glossary)  # the real data passes
