@@ -245,6 +245,7 @@ class Taxonomy:
     decision_flow: tuple[FlowNode, ...]
     scenarios: tuple[Scenario, ...]
     series: tuple[Post, ...]
+    relieves: dict  # decision-flow technique id -> the bottlenecks it relieves (tuple)
 
     def category(self, ident: str) -> Category:
         return next(c for c in self.categories if c.id == ident)
@@ -277,7 +278,8 @@ def load_taxonomy(path: Path | None = None) -> Taxonomy:
     """Parse and validate the taxonomy; errors name the file, line, entry and field."""
     doc = _Doc(path or TAXONOMY_PATH)
     top = _Entry(doc, doc.root, "file", doc.shown, 1)
-    top.only(("vocabularies", "categories", "relations", "decision_flow", "scenarios", "series"))
+    sections = ("vocabularies", "categories", "relations", "decision_flow", "relieves")
+    top.only((*sections, "scenarios", "series"))
 
     vocab = _Entry(doc, top.m["vocabularies"], "vocabularies", "-", top.m.lines["vocabularies"])
     vocab.only(tuple(VOCABULARIES))
@@ -319,12 +321,17 @@ def load_taxonomy(path: Path | None = None) -> Taxonomy:
         bottleneck = e.one("bottleneck", BOTTLENECKS, "bottleneck")
         cats = e.items("categories", by_id, "category")
         techs = e.items("techniques", techniques, "technique")
+        for i, c in enumerate(cats):
+            if bottleneck not in by_id[c].bottlenecks:
+                problem = f"category {c!r} is not tagged with this symptom's bottleneck"
+                e.fail("categories", f"{problem} {bottleneck!r}", e.line_of_item("categories", i))
         offered = {t for c in cats for t in by_id[c].techniques}
         for i, t in enumerate(techs):
             if t not in offered:
                 problem = f"technique {t!r} belongs to none of the categories {list(cats)}"
                 e.fail("techniques", problem, e.line_of_item("techniques", i))
         flow.append(FlowNode(ident, bottleneck, e.text("symptom"), cats, techs))
+    relieves = _relieves(doc, top, categories, flow)
 
     scenarios, seen = [], set()
     for m, line in _list(doc, top, "scenarios"):
@@ -340,7 +347,7 @@ def load_taxonomy(path: Path | None = None) -> Taxonomy:
 
     return Taxonomy(
         doc.shown, vocabularies, tuple(categories), tuple(relations), tuple(flow),
-        tuple(scenarios), tuple(series),
+        tuple(scenarios), tuple(series), relieves,
     )  # fmt: skip
 
 
@@ -349,6 +356,55 @@ def _list(doc: _Doc, top: _Entry, name: str) -> list[tuple[Any, int]]:
     if not isinstance(seq, Seq) or not seq:
         top.fail(name, "expected a non-empty list")
     return list(zip(seq, seq.lines, strict=True))
+
+
+def _relieves(doc: _Doc, top: _Entry, categories: list[Category], flow: list) -> dict:
+    """The rule that ties a symptom to its techniques (stated in the header of taxonomy.yaml).
+
+    Each technique of the decision flow declares the bottlenecks it relieves; they must be
+    bottlenecks of the categories that list it, and a symptom may only list techniques that
+    relieve the symptom's own bottleneck.
+    """
+    e = _Entry(doc, top.m["relieves"], "relieves", "-", top.m.lines["relieves"])
+    tagged: dict[str, set[str]] = {}  # technique -> bottlenecks of the categories listing it
+    for c in categories:
+        for t in c.techniques:
+            tagged.setdefault(t, set()).update(c.bottlenecks)
+    used = {t for node in flow for t in node.techniques}
+    out: dict[str, tuple[str, ...]] = {}
+    for t, relieved in e.m.items():
+        line = e.m.lines[t]
+
+        def fail(problem: str, at: int = line, t: str = t) -> NoReturn:
+            doc.fail(at, "technique", t, "relieves", problem)
+
+        if t not in tagged:
+            fail("not a technique of any category")
+        if t not in used:
+            fail("no symptom of decision_flow lists this technique")
+        if not isinstance(relieved, Seq) or not relieved:
+            fail(f"expected a non-empty list of bottleneck tags, got {relieved!r}")
+        for b, at in zip(relieved, relieved.lines, strict=True):
+            if b not in BOTTLENECKS:
+                fail(f"unknown bottleneck {b!r} (allowed: {', '.join(BOTTLENECKS)})", at)
+            if b not in tagged[t]:
+                fail(f"{b!r} is not a bottleneck of its categories ({sorted(tagged[t])})", at)
+        if len(set(relieved)) != len(relieved):
+            fail("a bottleneck is listed twice")
+        out[t] = tuple(relieved)
+    for node, (m, line) in zip(flow, _list(doc, top, "decision_flow"), strict=True):
+        d = _Entry(doc, m, "decision", node.id, line)
+        for i, t in enumerate(node.techniques):
+            at = d.line_of_item("techniques", i)
+            if t not in out:
+                d.fail("techniques", f"{t!r} has no entry in relieves", at)
+            if node.bottleneck not in out[t]:
+                problem = (
+                    f"{t!r} relieves {', '.join(out[t])}, not this symptom's "
+                    f"bottleneck {node.bottleneck!r}"
+                )
+                d.fail("techniques", problem, at)
+    return out
 
 
 def _series(doc: _Doc, top: _Entry) -> list[Post]:

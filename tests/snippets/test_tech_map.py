@@ -92,6 +92,61 @@ def test_decision_flow_agrees_with_the_classification(data):
     )
 
 
+def test_each_flow_technique_relieves_the_bottleneck_it_is_listed_under(data):
+    """The rule in the header of data/taxonomy.yaml, checked on the data as committed."""
+    taxonomy, _ = data
+    tagged: dict[str, set[str]] = {}  # technique -> bottlenecks of the categories that list it
+    for c in taxonomy.categories:
+        for t in c.techniques:
+            tagged.setdefault(t, set()).update(c.bottlenecks)
+    flow = {t for n in taxonomy.decision_flow for t in n.techniques}
+    assert set(taxonomy.relieves) == flow
+    for t, relieved in taxonomy.relieves.items():
+        assert set(relieved) <= tagged[t], (t, relieved, tagged[t])
+    wrong = [(n.id, t, taxonomy.relieves[t]) for n in taxonomy.decision_flow
+             for t in n.techniques if n.bottleneck not in taxonomy.relieves[t]]  # fmt: skip
+    assert not wrong
+    # the two placements issue #21 found: GQA saves KV bytes, Grouped GEMM is a compute kernel
+    assert taxonomy.relieves["gqa"] == ("memory",)
+    assert taxonomy.relieves["grouped-gemm"] == ("compute",)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where", "problem"),
+    [  # the placements before issue #21, then one edit per other clause of the rule
+        ("    techniques: [fp8, fp4, moe]", "    techniques: [fp8, fp4, moe, gqa]",
+         "decision 'compute-bound': field 'techniques'",
+         "'gqa' relieves memory, not this symptom's bottleneck 'compute'"),
+        ("    techniques: [comm-overlap, zero-plus-plus, deepep, a2a-overlap]",
+         "    techniques: [comm-overlap, zero-plus-plus, deepep, a2a-overlap, grouped-gemm]",
+         "decision 'communication-bound': field 'techniques'",
+         "'grouped-gemm' relieves compute, not this symptom's bottleneck 'communication'"),
+        ("  gqa: [memory]", "  gqa: [memory, io]", "technique 'gqa': field 'relieves'",
+         "'io' is not a bottleneck of its categories (['compute', 'memory'])"),
+        ("  cuda-graph: [launch]", "  lora: [memory]", "technique 'lora': field 'relieves'",
+         "no symptom of decision_flow lists this technique"),
+        ("    categories: [data-io]", "    categories: [data-io, peft]",
+         "decision 'io-bound': field 'categories'",
+         "category 'peft' is not tagged with this symptom's bottleneck 'io'"),
+    ],
+)  # fmt: skip
+def test_planted_breaks_of_the_flow_rule(tmp_path, old, new, where, problem):
+    path, line = planted(tmp_path, TAXONOMY_PATH, old, new)
+    with pytest.raises(DataError) as err:
+        load_taxonomy(path)
+    assert str(err.value).endswith(f"taxonomy.yaml:{line}: {where}: {problem}"), str(err.value)
+
+
+def test_a_flow_technique_without_an_entry_in_relieves(tmp_path):
+    path, _ = planted(tmp_path, TAXONOMY_PATH, "  cuda-graph: [launch]\n", "")
+    with pytest.raises(DataError) as err:
+        load_taxonomy(path)
+    text = path.read_text(encoding="utf-8")
+    line = text[: text.index("    techniques: [cuda-graph,")].count("\n") + 1
+    msg = "decision 'launch-bound': field 'techniques': 'cuda-graph' has no entry in relieves"
+    assert str(err.value).endswith(f"taxonomy.yaml:{line}: {msg}")
+
+
 def test_every_glossary_technique_is_linked_wherever_it_is_rendered(data, links):
     taxonomy, glossary = data
     ids = glossary.by_id()
@@ -106,6 +161,50 @@ def test_every_glossary_technique_is_linked_wherever_it_is_rendered(data, links)
     for where, (text, techniques) in pages.items():
         missing = [t for t in techniques if t in ids and f"](../glossary.md#{t})" not in text]
         assert not missing, (where, missing)
+
+
+def test_glossary_latency_relations_hold_in_the_metrics_code(data):
+    """What the TPOT and ITL entries say about each other, checked with snippets/metrics/serving.py.
+
+    The old ITL entry said "TPOT 是它的平均": true for one request streamed one token per chunk,
+    false for a run of several requests (and for a request whose chunks carry several tokens).
+    """
+    from statistics import fmean
+
+    from snippets.metrics.serving import Request, e2e, itls, pooled_itls, tpot, trace, ttft
+
+    terms = data[1].by_id()
+    itl, per_request = terms["itl"].definition, terms["tpot"].definition
+    assert "TPOT 是它的平均" not in itl  # the old, unqualified relation
+    # one request, one token per chunk, uneven gaps: its mean ITL is its TPOT
+    one = Request(sent=0, chunks=(100.0, 130.0, 150.0, 190.0, 195.0))
+    assert "对单个请求，若每个分块只带一个 token，它的 ITL 均值正好等于它的 TPOT" in itl
+    assert fmean(itls(one)) == pytest.approx(tpot(one))
+    # ... not when a chunk carries two tokens (request C of the metrics post's trace)
+    c = trace[2]
+    assert c.n_out - 1 == 2 * len(itls(c)) and fmean(itls(c)) == pytest.approx(2 * tpot(c))
+    # several requests of different lengths: one sample per request vs one per gap
+    run = [one, Request(sent=0, chunks=(50.0, 110.0, 170.0))]
+    assert "跨请求汇总时两者一般不等" in itl
+    assert fmean(pooled_itls(run)) != pytest.approx(fmean([tpot(r) for r in run]))
+    assert fmean(pooled_itls(trace)) != pytest.approx(fmean([tpot(r) for r in trace]))
+    # NIM's and AIPerf's "ITL" is (E2E - TTFT) / (n - 1) per request: vLLM's (and our) TPOT
+    assert "也就是 vLLM 的 TPOT" in itl and "NIM" in per_request and "叫 ITL" in per_request
+    assert "(端到端延迟 − TTFT) ÷ (输出 token 数 − 1)" in per_request
+    for r in (*trace, one):
+        assert (e2e(r) - ttft(r)) / (r.n_out - 1) == tpot(r)
+
+
+def test_glossary_mla_figure_follows_from_the_two_papers_configs(data):
+    """DeepSeek-V2 (arXiv:2405.04434 §2.1.4, §3.1.2, §3.2.3) against DeepSeek 67B (arXiv:2401.02954,
+    Table 2): the 93.3 % holds for V2's KV cache at 6 bits per element and 67B's at 16 bits."""
+    v2 = 60 * (512 + 64)  # layers x (d_c + d_h^R) cached elements per token
+    dense_67b = 95 * 2 * 8 * 128  # layers x (K and V) x KV heads x head dim
+    text = data[1].by_id()["mla"].definition
+    assert f"{1 - v2 * 6 / (dense_67b * 16):.1%}" == "93.3%"
+    assert "V2 按 6 bit、67B 按 16 bit 计正好少 93.3%" in text
+    assert round(100 * (1 - v2 / dense_67b)) == 82 and "同按 16 bit 计只少约 82%" in text
+    assert (512 + 64) / (2 * 128) == 2.25 and "2.25 组" in text
 
 
 def test_technique_named_like_a_term_uses_its_id(data):
@@ -291,8 +390,8 @@ def test_planted_vocabulary_extension(tmp_path):
 
 
 def test_planted_flow_technique_outside_its_categories(tmp_path):
-    path, line = planted(tmp_path, TAXONOMY_PATH, "    techniques: [sequence-packing, sharded",
-                         "    techniques: [flash-attention, sharded")  # fmt: skip
+    path, line = planted(tmp_path, TAXONOMY_PATH, "    techniques: [sharded-dataset, gpu",
+                         "    techniques: [flash-attention, gpu")  # fmt: skip
     with pytest.raises(DataError) as err:
         load_taxonomy(path)
     assert f"taxonomy.yaml:{line}: decision 'io-bound': field 'techniques'" in str(err.value)
