@@ -1,5 +1,8 @@
 """Measured on the GPU: peak memory and step time of one global batch split into k micro-batches."""
 
+import copy
+import functools
+
 import torch
 
 from snippets.common.bench import ceilings, kernel_ms, rate
@@ -21,17 +24,31 @@ class Block(torch.nn.Module):
         return x + self.down(torch.nn.functional.gelu(self.up(x)))
 
 
+def accumulate_fp32(main, param):
+    """Post-accumulate hook: add the bf16 micro-batch gradient into the fp32 one, free it."""
+    main.grad.add_(param.grad)
+    param.grad = None
+
+
 def make_step(k):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[Block() for _ in range(LAYERS)]).cuda().bfloat16()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
-    x = torch.randn(TOKENS, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    with torch.device("cuda"):
+        master = torch.nn.Sequential(*[Block() for _ in range(LAYERS)])  # fp32 master weights
+        x = torch.randn(TOKENS, HIDDEN, dtype=torch.bfloat16)
+    model = copy.deepcopy(master).bfloat16()  # the bf16 copy that runs forward and backward
+    for main, p in zip(master.parameters(), model.parameters(), strict=True):
+        main.grad = torch.zeros_like(main)  # fp32 gradient, accumulated over the k micro-batches
+        p.register_post_accumulate_grad_hook(functools.partial(accumulate_fp32, main))
+    opt = torch.optim.AdamW(master.parameters(), lr=1e-5, fused=True)  # fp32 moments too
 
     def step():
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=False)  # zero the fp32 gradients in place
         for xb in x.chunk(k):
             (model(xb).float().pow(2).mean() / k).backward()
-        opt.step()
+        opt.step()  # AdamW on the fp32 master weights
+        with torch.no_grad():
+            for p, main in zip(model.parameters(), master.parameters(), strict=True):
+                p.copy_(main)  # round the updated weights into the bf16 copy
 
     n_params = sum(p.numel() for p in model.parameters())
     return step, n_params

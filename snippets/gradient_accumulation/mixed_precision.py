@@ -50,3 +50,22 @@ right, wrong = train_step(unscale_first=True), train_step(unscale_first=False)
 print(round(right / wrong))  # the gradient the optimizer applied, right vs wrong order
 #> 65536
 # --8<-- [end:clip]
+
+
+# --8<-- [start:bf16_grad]
+k = 16
+gen = torch.Generator().manual_seed(0)
+grads = (torch.randn(k, 4096, generator=gen, dtype=torch.float64) + 1) / k  # k micro-batches
+arrived = grads.to(DEVICE, torch.bfloat16)  # the bf16 copy's backward hands each over in bf16
+exact = arrived.double().sum(0)  # exact: these bf16 numbers add up in fp64 without rounding
+in_bf16 = torch.zeros_like(arrived[0])  # the .grad of a bf16 parameter
+in_fp32 = torch.zeros_like(arrived[0], dtype=torch.float32)  # an fp32 accumulator
+for g in arrived:
+    in_bf16 += g  # rounded to bf16's 8 significant bits after every add
+    in_fp32 += g.float()
+for name, acc in (("bf16", in_bf16), ("fp32", in_fp32)):
+    rel = (acc.double() - exact).abs() / exact.abs()
+    print(f"{name}: median relative error {rel.median():.0e}, worst {rel.max():.0e}")
+    #> bf16: median relative error 3e-03, worst 2e-02
+    #> fp32: median relative error 0e+00, worst 5e-08
+# --8<-- [end:bf16_grad]

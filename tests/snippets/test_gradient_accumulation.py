@@ -4,10 +4,12 @@ import pytest
 import torch
 
 from snippets.common.device import DEVICE
+from snippets.gradient_accumulation.ddp_tokens import launch, micro_batch, reference
 from snippets.gradient_accumulation.equivalence import (
     accumulated_grad,
     large_batch_grad,
     summation_bound,
+    within,
 )
 from snippets.gradient_accumulation.token_loss import (
     IGNORE,
@@ -97,3 +99,31 @@ def test_microbatch_mean_equals_big_batch_when_counts_are_equal():
     assert all(
         torch.allclose(a, b, rtol=1e-12, atol=0) for a, b in zip(naive, reference, strict=True)
     )
+
+
+def test_ddp_token_mean_is_the_full_batch_mean_only_with_global_count_times_world():
+    """Two gloo ranks, k = 3, 19 against 5 real tokens, one micro-batch without any.
+
+    Every fp32 result must lie inside section 1.1's rounding bound around the fp64 full-batch
+    token mean: DDP only reorders the one sum over tokens (micro-batch, .grad, all-reduce) and
+    scales by W and 1/W, both exact for W = 2, so the bound's d + N + 6 roundings still cover it.
+    """
+    gen = torch.Generator().manual_seed(1)
+    windows = [
+        [micro_batch(gen, [8, 3]), micro_batch(gen, [5]), micro_batch(gen, [1, 1, 1])],
+        [micro_batch(gen, [0, 0]), micro_batch(gen, [2]), micro_batch(gen, [3, 0, 0])],
+    ]
+    torch.manual_seed(1)
+    model = torch.nn.Linear(16, 1)
+    ranks = launch(windows, model)
+    single, exact, bound = reference(windows, model)
+    for tol, g in zip(bound, exact, strict=True):
+        assert tol.max() < 1e-3 * g.abs().max()  # the bound is tight enough to mean something
+    assert within(single, exact, bound)
+    for grads in ranks:
+        assert within(grads["global_times_w"], exact, bound)
+        assert not within(grads["per_rank_mean"], exact, bound)
+        for half, whole in zip(grads["global_only"], grads["global_times_w"], strict=True):
+            assert torch.equal(2 * half, whole)  # DDP's average: exactly 1/W of the right grad
+    for a, b in zip(ranks[0]["global_times_w"], ranks[1]["global_times_w"], strict=True):
+        assert torch.equal(a, b)
