@@ -208,8 +208,9 @@ def asset_errors(root: Path) -> list[str]:
 
 
 def data_errors(root: Path) -> list[str]:
-    """The published data files load and validate (hardware, taxonomy, glossary)."""
+    """The published data files load and validate (hardware, Qwen3 configs, taxonomy, glossary)."""
     from snippets.common.hardware import HardwareDataError, load_hardware
+    from snippets.common.models.qwen3_configs import Qwen3DataError, load_qwen3_configs
     from snippets.common.taxonomy import DataError, load_glossary, load_taxonomy
 
     data = root / "data"
@@ -218,6 +219,11 @@ def data_errors(root: Path) -> list[str]:
         try:
             hardware = load_hardware(data / "hardware.yaml")
         except HardwareDataError as exc:
+            errors.append(str(exc))
+    if (data / "qwen3.yaml").is_file():
+        try:
+            load_qwen3_configs(data / "qwen3.yaml")
+        except Qwen3DataError as exc:
             errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:

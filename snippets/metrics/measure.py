@@ -88,8 +88,12 @@ def make_step(cfg, batch, seq, device="cuda"):
         model(ids, labels=ids).backward()  # next-token loss over the whole batch
         opt.step()
 
-    # N for 6N: every parameter but the input embedding, which is a lookup, not a matmul
-    n_matmul = sum(p.numel() for p in model.parameters()) - model.model.embed_tokens.weight.numel()
+    # N for 6N: every parameter but the input embedding, which is a lookup, not a matmul. A tied
+    # LM head is that same tensor (parameters() yields it once), yet it multiplies every token.
+    embedding = model.model.embed_tokens.weight
+    n_matmul = sum(p.numel() for p in model.parameters()) - embedding.numel()
+    if model.lm_head.weight is embedding:
+        n_matmul += embedding.numel()
     return step, n_matmul
 
 

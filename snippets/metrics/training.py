@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from snippets.common.hardware import load_hardware
+from snippets.common.models.qwen3_configs import load_qwen3_configs
 from snippets.common.results import computed_result
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 
@@ -11,6 +12,13 @@ p = qwen3_params(QWEN3_8B)
 print(p["total"], p["non_embedding"])  # model card: 8.2B total, 6.95B non-embedding
 #> 8190735360 6946075648
 # --8<-- [end:qwen3]
+
+# --8<-- [start:tied]
+qwen3_4b = load_qwen3_configs()["qwen3-4b"].fields  # config.json of Qwen/Qwen3-4B (data/qwen3.yaml)
+t = qwen3_params(qwen3_4b)  # tie_word_embeddings: true
+print(t["total"], t["non_embedding"], t["matmul"])  # model card: 4.0B total, 3.6B non-embedding
+#> 4022468096 3633511936 4022465536
+# --8<-- [end:tied]
 
 
 # --8<-- [start:throughput]

@@ -12,7 +12,7 @@ import random
 import re
 import shutil
 import subprocess
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,7 @@ import torch
 from snippets.common import results as res
 from snippets.common.hardware import load_hardware, ridge_point
 from snippets.common.models.qwen3 import TINY, count_parameters
+from snippets.common.models.qwen3_configs import load_qwen3_configs
 from snippets.metrics import measure as ms
 from snippets.metrics import reproduce as rp
 from snippets.metrics.memory import ADAM_MIXED_PRECISION, K, zero_model_state_bytes
@@ -211,7 +212,49 @@ def test_qwen3_8b_parameter_count_by_hand():
     assert p["total"] == p["non_embedding"] + 2 * v * h == 8_190_735_360
     assert p["matmul"] == p["layers"] + v * h == 7_568_401_408
     tied = qwen3_params({**QWEN3_8B, "tie_word_embeddings": True})
-    assert tied["total"] == p["total"] - v * h and tied["lm_head"] == 0
+    assert tied["total"] == p["total"] - v * h  # the matrix is stored once...
+    assert (tied["lm_head"], tied["matmul"]) == (p["lm_head"], p["matmul"])  # ...used twice
+
+
+PUBLISHED = load_qwen3_configs()  # data/qwen3.yaml: Qwen3-0.6B, 1.7B, 4B (tied) and 8B (untied)
+# Exact totals: keras-hub's Qwen3 presets (keras-team/keras-hub,
+# keras_hub/src/models/qwen3/qwen3_presets.py) for the tied three; Qwen3-8B as counted above.
+EXACT_TOTAL = {
+    "qwen3-0.6b": 596_049_920,
+    "qwen3-1.7b": 1_720_574_976,
+    "qwen3-4b": 4_022_468_096,
+    "qwen3-8b": 8_190_735_360,
+}
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_qwen3_params_of_the_published_configs(model):
+    """The model card's totals; a tied head is stored once but still multiplies every token."""
+    pub = PUBLISHED[model]
+    p = qwen3_params(asdict(pub.config))
+    head = pub.config.vocab_size * pub.config.hidden_size
+    assert p["total"] == EXACT_TOTAL[model]
+    assert reproduces(point(p["total"] / 1e9), Printed(pub.card["total_b"]))
+    assert reproduces(point(p["non_embedding"] / 1e9), Printed(pub.card["non_embedding_b"]))
+    stored = 1 if pub.config.tie_word_embeddings else 2  # embedding, and the head unless tied
+    assert p["total"] == p["non_embedding"] + stored * head
+    assert p["lm_head"] == head  # 2 V H FLOPs per token forward, tied or not
+    assert p["matmul"] == p["layers"] + head
+
+
+def test_a_tied_head_counts_in_the_flops_per_token():
+    """Qwen3-4B: 6N and PaLM's count include the head's V x H matmul, and HFU/MFU sees it."""
+    cfg = PUBLISHED["qwen3-4b"].config
+    assert cfg.tie_word_embeddings
+    p = qwen3_params(asdict(cfg))
+    L, H, Q, T = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.head_dim, 4096
+    head = cfg.vocab_size * cfg.hidden_size
+    attention = 12 * L * H * Q * T
+    model_f = flops_per_token(p["layers"], p["lm_head"], L, H, Q, T)
+    assert model_f == 6 * (p["layers"] + head) + attention
+    assert flops_per_token_palm(p["matmul"], L, H, Q, T) == model_f
+    full = flops_per_token(p["layers"], p["lm_head"], L, H, Q, T, recompute="full")
+    assert full == model_f + 2 * p["layers"] + 4 * L * H * Q * T  # the head is not recomputed
 
 
 def test_throughput_tgs_mfu():
@@ -547,13 +590,12 @@ def test_vectors_cover_every_zero_stage_and_collective():
     assert all(math.isfinite(c["expected"]) for cs in cases.values() for c in cs)
 
 
-def test_hand_count_equals_the_shared_models_parameters():
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_hand_count_equals_the_shared_models_parameters(model):
     """qwen3_params counts from the config by formula; the shared model counts its tensors."""
-    from snippets.common.models.qwen3 import QWEN3_8B as CFG
-    from snippets.common.models.qwen3 import count_parameters
-
-    counted = count_parameters(CFG)
-    by_hand = qwen3_params(QWEN3_8B)
+    cfg = PUBLISHED[model].config
+    counted = count_parameters(cfg)
+    by_hand = qwen3_params(asdict(cfg))
     assert (by_hand["total"], by_hand["non_embedding"]) == (
         counted["total"],
         counted["non_embedding"],
@@ -621,6 +663,22 @@ def test_training_step_runs_on_the_cpu_and_counts_n_without_the_input_embedding(
     embedding = TINY.vocab_size * TINY.hidden_size
     counts = qwen3_params(asdict(TINY))
     assert n_matmul == counts["total"] - embedding
+
+
+@pytest.mark.parametrize("model", ["qwen3-4b", "qwen3-8b"])
+def test_training_step_counts_the_lm_head_in_n_tied_or_not(model):
+    """N for 6N at the real shapes (meta device): every matmul weight, the head's included."""
+    cfg = PUBLISHED[model].config
+    _, n_matmul = ms.make_step(cfg, batch=1, seq=8, device="meta")
+    assert n_matmul == qwen3_params(asdict(cfg))["matmul"] + cfg.hidden_size  # + final norm
+
+
+def test_a_tied_training_step_runs_on_the_cpu():
+    cfg = replace(TINY, tie_word_embeddings=True)
+    step, n_matmul = ms.make_step(cfg, batch=2, seq=16, device="cpu")
+    step()
+    step()
+    assert n_matmul == qwen3_params(asdict(cfg))["matmul"] + cfg.hidden_size
 
 
 def test_step_metrics_follow_the_page_formulas():

@@ -17,6 +17,12 @@ import torch
 
 from snippets.common.device import ON_GPU
 from snippets.common.models import qwen3 as q3
+from snippets.common.models.qwen3_configs import (
+    DEFAULT_PATH,
+    FIELDS,
+    Qwen3DataError,
+    load_qwen3_configs,
+)
 from snippets.common.results import Stat
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
@@ -86,6 +92,92 @@ def test_parameter_count_equals_the_model_card():
     assert abs(counts["total"] / 1e9 - 8.2) <= 0.05
     assert abs(counts["non_embedding"] / 1e9 - 6.95) <= 0.005
     assert counts == {"total": 8_190_735_360, "non_embedding": 6_946_075_648}
+
+
+def test_tied_head_matches_transformers():
+    """tie_word_embeddings: one matrix, as in transformers; its gradient sums both uses."""
+    cfg = dataclasses.replace(q3.TINY, tie_word_embeddings=True)
+    hf = hf_model(cfg).to(torch.float64)
+    ours = q3.Qwen3ForCausalLM(cfg).to(torch.float64)
+    assert ours.lm_head.weight is ours.model.embed_tokens.weight  # still one tensor after .to()
+    ours.load_state_dict(hf.state_dict(), strict=True)
+    ids = torch.randint(0, cfg.vocab_size, (2, 33), generator=torch.Generator().manual_seed(3))
+    hf_logits, hf_grads = grads_and_logits(hf, ids, is_hf=True)
+    our_logits, our_grads = grads_and_logits(ours, ids, is_hf=False)
+    assert rel(our_logits, hf_logits) <= TOL[torch.float64]
+    assert set(our_grads) == set(hf_grads) and "lm_head.weight" not in our_grads
+    for name, g in hf_grads.items():
+        assert rel(our_grads[name], g) <= TOL[torch.float64], name
+
+
+PUBLISHED = load_qwen3_configs()  # data/qwen3.yaml
+
+
+def printed_as(x: float, text: str) -> bool:
+    """x rounds to the printed text: within half a unit of its last digit."""
+    return abs(x - float(text)) <= 0.5 * 10.0 ** -len(text.partition(".")[2]) + 1e-12
+
+
+@pytest.mark.parametrize("model", sorted(PUBLISHED))
+def test_parameter_counts_of_the_published_configs_equal_their_model_cards(model):
+    """Built on the meta device: a tied config shares one matrix, and the count matches the card
+    (an untied Qwen3-4B would have 4.41B parameters, not the card's 4.0B)."""
+    pub = PUBLISHED[model]
+    with torch.device("meta"):
+        model = q3.Qwen3ForCausalLM(pub.config)
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    assert tied == pub.config.tie_word_embeddings
+    total = sum(p.numel() for p in model.parameters())
+    counts = q3.count_parameters(pub.config)
+    assert counts["total"] == total
+    assert printed_as(total / 1e9, pub.card["total_b"])
+    assert printed_as(counts["non_embedding"] / 1e9, pub.card["non_embedding_b"])
+
+
+def test_the_data_schema_is_the_config_dataclass():
+    assert {f.name: f.type for f in dataclasses.fields(q3.Qwen3Config)} == FIELDS
+
+
+def test_the_published_configs_tie_the_small_models_and_match_the_shared_8b():
+    tied = {name for name, pub in PUBLISHED.items() if pub.config.tie_word_embeddings}
+    assert tied == {"qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"}
+    assert PUBLISHED["qwen3-8b"].config == q3.QWEN3_8B  # the model file's copy stays untied
+    cited = [pub.sources[0] for pub in PUBLISHED.values()]
+    assert all(url.startswith("https://huggingface.co/Qwen/") for url in cited)
+
+
+def edit_in(text: str, model: str, old: str, new: str) -> tuple[str, int]:
+    """Replace the first `old` inside `model`'s entry; return the text and the 1-based line."""
+    start = text.index(f"  {model}:\n")
+    at = text.index(old, start)
+    return text[:at] + new + text[at + len(old) :], text.count("\n", 0, at) + 1
+
+
+BAD_DATA = {  # case: (model, old, new, the error after "model '<id>': ", line offset)
+    "string-int": ("qwen3-4b", "hidden_size: 2560", 'hidden_size: "2560"',
+                   "field 'hidden_size': expected int, got '2560'", 0),
+    "yaml-1e-06": ("qwen3-8b", "rms_norm_eps: 1.0e-06", "rms_norm_eps: 1e-06",
+                   "field 'rms_norm_eps': expected float, got '1e-06'", 0),
+    "int-bool": ("qwen3-1.7b", "tie_word_embeddings: true", "tie_word_embeddings: 1",
+                 "field 'tie_word_embeddings': expected bool, got 1", 0),
+    "missing": ("qwen3-0.6b", "      head_dim: 128\n", "",
+                "field 'head_dim': missing field", -7),  # the entry's config: line
+    "unquoted-card": ("qwen3-4b", 'total_b: "4.0"', "total_b: 4.0",
+                      "field 'card.total_b': a number as printed", 0),
+    "http": ("qwen3-8b", "- https://huggingface.co/Qwen/Qwen3-8B/blob",
+             "- http://huggingface.co/Qwen/Qwen3-8B/blob", "field 'sources': need a list", -1),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATA))
+def test_bad_model_data_names_file_line_model_and_field(tmp_path, case):
+    model, old, new, message, offset = BAD_DATA[case]
+    text, line = edit_in(DEFAULT_PATH.read_text(encoding="utf-8"), model, old, new)
+    path = tmp_path / "qwen3.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(Qwen3DataError) as err:
+        load_qwen3_configs(path)
+    assert str(err.value).startswith(f"{path}:{line + offset}: model '{model}': {message}")
 
 
 def test_every_swap_point_is_used():

@@ -169,7 +169,9 @@ class Qwen3ForCausalLM(nn.Module):
         kernels = kernels or Kernels()
         self.config, self.kernels = cfg, kernels
         self.model = Qwen3Model(cfg, kernels)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)  # untied
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:  # Qwen3-0.6B/1.7B/4B: the head IS the input embedding
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def hidden_states(self, input_ids):
         x = self.model.embed_tokens(input_ids)
@@ -190,9 +192,10 @@ class Qwen3ForCausalLM(nn.Module):
 
 
 def count_parameters(cfg: Qwen3Config) -> dict:
-    """Total and non-embedding (no input embedding, no LM head) parameter counts."""
+    """Total and non-embedding (no input embedding, no LM head) parameter counts. A tied head
+    shares the embedding's tensor: parameters() yields it once, and it is subtracted once."""
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     total = sum(p.numel() for p in model.parameters())
-    embedding = model.model.embed_tokens.weight.numel() + model.lm_head.weight.numel()
-    return {"total": total, "non_embedding": total - embedding}
+    matrices = {id(m.weight): m.weight.numel() for m in (model.model.embed_tokens, model.lm_head)}
+    return {"total": total, "non_embedding": total - sum(matrices.values())}
