@@ -23,6 +23,7 @@ from snippets.common.models.qwen3 import (
     DecoderLayer,
     Kernels,
     Qwen3ForCausalLM,
+    lm_loss,
     rope_tables,
 )
 from snippets.common.results import Stat
@@ -357,3 +358,56 @@ def test_helpers_see_the_attention_kernel():
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert any(is_attention(name) for name in ops.names)
     assert not is_attention(torch.ops.aten.mm.default)
+
+
+def loss_peak_on_the_cpu(dtype, tokens, hidden, vocab):
+    """lm_loss's forward + backward: peak bytes beyond its inputs, and the storages autograd
+    saves beyond them (nbytes, dtype)."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(vocab, hidden, dtype=dtype))
+    h = torch.randn(1, tokens, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    with LiveMemory() as mem:
+        lm_loss(h, weight, labels).backward()
+    _, saved = autograd_saved(lambda x: lm_loss(x, weight, labels), h, model_state=[weight])
+    inputs = {(h.nbytes, h.dtype), (labels.nbytes, labels.dtype)}
+    return mem.peak, sorted((n, d.itemsize) for n, d in saved if (n, d) not in inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("tokens", "hidden", "vocab"), [(40, 16, 300), (7, 8, 97), (64, 64, 1000)])
+def test_loss_peak_is_what_eager_cross_entropy_allocates(dtype, tokens, hidden, vocab):
+    """12 t V + 8 bytes at the peak, whatever the model dtype: the saved fp32 log-probabilities,
+    the gradient nll_loss hands back and the one log_softmax returns; of these autograd saves
+    only the first (with nll_loss's total_weight)."""
+    cfg = dataclasses.replace(TINY, hidden_size=hidden, vocab_size=vocab)
+    peak, saved = loss_peak_on_the_cpu(dtype, tokens, hidden, vocab)
+    want = acc.loss_peak(cfg, tokens, dtype.itemsize)
+    assert peak == sum(s.bytes for s in want) == 12 * tokens * vocab + 8
+    kept = [(s.bytes, s.itemsize) for s in want if "saved for backward" in s.tensor]
+    assert saved == sorted(kept)
+
+
+def test_loss_peak_moves_to_the_lm_head_matmuls_below_its_token_bound():
+    """With t < e h / (12 - e) tokens the LM head's dW (e V h) outgrows the loss's buffers: the
+    formula is a lower bound there, which the docstring states."""
+    cfg = dataclasses.replace(TINY, hidden_size=64, vocab_size=50)
+    peak, _ = loss_peak_on_the_cpu(torch.float32, 2, 64, 50)
+    assert 2 < 4 * 64 / (12 - 4) and peak > sum(s.bytes for s in acc.loss_peak(cfg, 2, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_full_step_peaks_in_the_loss(dtype):
+    """model(ids, labels).backward() on one sequence: the peak is what the forward kept, the
+    final hidden states and the loss's buffers, to the byte, for every policy; the stack
+    without the head (all the budget model measured before) peaks lower."""
+    cfg, seq = dataclasses.replace(TINY, num_hidden_layers=4), 64
+    model, ids, dy = model_and_inputs(cfg, dtype, batch=1, seq=seq)
+    model(ids, labels=ids).backward()  # the LM head's gradient exists too
+    for policy in POLICIES:
+        apply_policy(model, policy)
+        with LiveMemory() as mem:
+            model(ids, labels=ids).backward()
+        modes = policy.modes(4)
+        assert mem.peak == acc.step_peak(cfg, seq, dtype.itemsize, modes), policy.name
+        assert mem.peak > measure(model, policy, ids, dy, CpuMeter())["peak"], policy.name
