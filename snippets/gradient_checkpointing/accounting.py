@@ -130,11 +130,15 @@ def kept_after_forward(cfg, batch, seq, itemsize, modes: list) -> int:
     """Bytes Qwen3ForCausalLM.hidden_states keeps for backward, one mode per layer: the layers'
     shares, the final norm's saved tensors, and the fp32 RoPE table while anything holds it
     (a checkpointed layer's arguments, or fp32 layers that save it themselves)."""
-    t, h, e = batch * seq, cfg.hidden_size, itemsize
-    layers = sum(kept_per_layer(cfg, batch, seq, e, m) for m in modes)
-    final_norm = FP32 * t * h + FP32 * t + e * t * h
-    held = e == FP32 or any(m is not None for m in modes)
-    return layers + final_norm + (2 * FP32 * seq * cfg.head_dim if held else 0)
+    layers = sum(kept_per_layer(cfg, batch, seq, itemsize, m) for m in modes)
+    held = itemsize == FP32 or any(m is not None for m in modes)
+    rope = 2 * FP32 * seq * cfg.head_dim if held else 0
+    return layers + final_norm(cfg, batch * seq, itemsize) + rope
+
+
+def final_norm(cfg, tokens: int, itemsize: int) -> int:
+    """What the final RMSNorm saves: its fp32 input, rstd, and the normalized output."""
+    return (FP32 + itemsize) * tokens * cfg.hidden_size + FP32 * tokens
 
 
 def step_flops(cfg, batch, seq, kinds=("matmul", "attention")) -> float:
@@ -143,3 +147,47 @@ def step_flops(cfg, batch, seq, kinds=("matmul", "attention")) -> float:
 
 
 # --8<-- [end:policy_model]
+
+
+# --8<-- [start:head]
+def loss_peak(cfg: Qwen3Config, tokens: int, itemsize: int) -> list[Saved]:
+    """The storages eager lm_loss (snippets/common/models/qwen3.py) holds at its peak beyond its
+    inputs (hidden states, LM head weight, labels), for `tokens` rows of already shifted labels.
+
+    lm_loss: logits = h @ W.T in the model dtype, upcast to fp32, then F.cross_entropy, which
+    PyTorch runs as log_softmax + nll_loss on every device (cross_entropy_loss is a composite op).
+    Forward: the e-byte logits live until the upcast, the fp32 ones until log_softmax is done,
+    (e + 4) t V then 8 t V bytes. Backward: nll_loss's backward hands log_softmax's backward a
+    dense t x V gradient and gets one back, while log_softmax's saved output is alive: 12 t V,
+    the peak whatever the model dtype. The e-byte gradient and the LM head's dW matmul come after
+    these are freed (e t V + e V h, so the peak is here for t >= e h / (12 - e) tokens).
+    """
+    t, v = tokens, cfg.vocab_size
+    return [
+        Saved("log_softmax", "log-probs (saved for backward)", "4·t·V", t * v, FP32),
+        Saved("nll_loss backward", "∂L/∂log-probs", "4·t·V", t * v, FP32),
+        Saved("log_softmax backward", "∂L/∂logits (fp32)", "4·t·V", t * v, FP32),
+        Saved("nll_loss", "loss", "4", 1, FP32),
+        Saved("nll_loss", "total_weight (saved for backward)", "4", 1, FP32),
+    ]
+
+
+def step_peak(cfg, seq: int, itemsize: int, modes: list) -> int:
+    """Peak bytes of a training step, model(ids, labels).backward() on one sequence, beyond the
+    parameters and their gradients, where the loss's peak is the step's: the loss comes before
+    any layer's backward, so everything the forward kept is alive, plus the final hidden states
+    (the LM head's input) and the loss's buffers over the seq - 1 predicted tokens. One sequence:
+    the shifted hidden states and labels are views; with more, both are copied."""
+    hidden = itemsize * seq * cfg.hidden_size
+    loss = sum(s.bytes for s in loss_peak(cfg, seq - 1, itemsize))
+    return kept_after_forward(cfg, 1, seq, itemsize, modes) + hidden + loss
+
+
+def head_per_token(cfg, itemsize: int) -> int:
+    """The same per token, on top of the layers' share: what the budget model adds for the LM
+    head and the loss (the constant loss scalars and the RoPE table left out)."""
+    per_token = sum(s.bytes for s in loss_peak(cfg, 1, itemsize) if "V" in s.formula)
+    return final_norm(cfg, 1, itemsize) + itemsize * cfg.hidden_size + per_token
+
+
+# --8<-- [end:head]

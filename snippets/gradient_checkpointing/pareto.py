@@ -46,18 +46,19 @@ def recommend(points: list[dict], budget: float, time: str = "ms") -> dict | Non
 
 
 # --8<-- [start:budget]
-def scale_to(types: list[str], per_layer: dict, working: float, fixed: float) -> dict:
-    """Predicted peak and time, per token, of a stack whose layer i is of types[i].
+def scale_to(types: list[str], per_layer: dict, working: float, fixed: float, head: float) -> dict:
+    """Predicted peak and time, per token, of a model whose layer i is of types[i].
 
     per_layer[type] = (bytes kept per token, ms per token), measured on a short stack;
-    working = bytes per token that backward needs on top of what the forward kept (measured
-    too; it does not grow with depth: the peak holds one layer's recomputation or backward,
-    never two); fixed = bytes that do not depend on the tokens (parameters, gradients,
-    optimizer states).
+    working = bytes per token that the layers' backward needs on top of what the forward kept
+    (measured too; it does not grow with depth: the peak holds one layer's recomputation or
+    backward, never two); head = the same for the LM head and the loss, whose peak comes first,
+    while all that the layers kept is alive; the peak is the larger of the two. fixed = bytes
+    that do not depend on the tokens (parameters, gradients, optimizer states).
     """
     kept = sum(per_layer[t][0] for t in types)
     ms = sum(per_layer[t][1] for t in types)
-    return {"fixed": fixed, "bytes_per_token": kept + working, "ms_per_token": ms}
+    return {"fixed": fixed, "bytes_per_token": kept + max(working, head), "ms_per_token": ms}
 
 
 def max_tokens(model: dict, budget: float, multiple: int = 1) -> int:

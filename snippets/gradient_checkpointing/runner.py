@@ -102,7 +102,8 @@ def analyze(rows, policies, cfg, seq: int, n_layers: int, itemsize: int, scenari
     rows: measure() results with "ms" (a Stat on the GPU, a number in the CPU tests) and
     "peak_half" (the peak at seq // 2 tokens) added, one per policy, "none" first, on a stack
     of n_layers layers of cfg and one sequence of seq tokens. scenario: {"layers", "fixed",
-    "budget", "micro_batches"} for the extrapolation to a deep model; fixed and budget in bytes.
+    "budget", "micro_batches", "head"} for the extrapolation to a deep model with its LM head
+    and loss; fixed and budget in bytes, head in bytes per token (accounting.head_per_token).
     """
     none = rows[0]
     step = n_layers * acc.step_flops(cfg, 1, seq)
@@ -136,7 +137,7 @@ def analyze(rows, policies, cfg, seq: int, n_layers: int, itemsize: int, scenari
         offset = row["peak"] - slope * seq
         working = slope - row["kept"] / seq  # kept is exactly proportional to the tokens
         types = policy.types(scenario["layers"])
-        model = scale_to(types, costs, working, scenario["fixed"] + offset)
+        model = scale_to(types, costs, working, scenario["fixed"] + offset, scenario["head"])
         models.append((policy.key, model))
         deep.append(
             {

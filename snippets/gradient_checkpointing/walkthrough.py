@@ -14,6 +14,7 @@ from snippets.common.models.qwen3 import (
     DecoderLayer,
     Kernels,
     Qwen3ForCausalLM,
+    lm_loss,
     rope_tables,
 )
 from snippets.common.results import computed_result
@@ -213,6 +214,52 @@ print(picks)
 #> {40: 'sac: all but down_proj', 16: 'sac: attention + q/k/v/o', 8: 'sac: attention'}
 # --8<-- [end:predicted]
 
+
+# --8<-- [start:head]
+def loss_check(dtype, tokens=40, hidden=16, vocab=300):
+    """lm_loss's forward + backward on the CPU: its peak beyond the inputs (LiveMemory), the
+    formula, and the bytes autograd saves (saved_tensors_hooks) beyond the inputs."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(vocab, hidden, dtype=dtype))
+    h = torch.randn(1, tokens, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    with LiveMemory() as mem:
+        lm_loss(h, weight, labels).backward()
+    cfg = dataclasses.replace(TINY, hidden_size=hidden, vocab_size=vocab)
+    formula = sum(s.bytes for s in acc.loss_peak(cfg, tokens, dtype.itemsize))
+    _, saved = autograd_saved(lambda x: lm_loss(x, weight, labels), h, model_state=[weight])
+    return mem.peak, formula, sum(n for n, _ in saved) - h.nbytes - labels.nbytes
+
+
+for dtype in (torch.float32, torch.bfloat16):
+    peak, formula, saved = loss_check(dtype)
+    print(dtype, peak, peak == formula, f"autograd saves {saved / peak:.0%} of it")
+    #> torch.float32 144008 True autograd saves 33% of it
+    #> torch.bfloat16 144008 True autograd saves 33% of it
+
+seq1 = ids[:1]  # one sequence of 64 tokens: the shifted hidden states and labels are views
+model(seq1, labels=seq1).backward()  # the LM head's gradient exists too
+steps = []
+for policy in POLICIES:
+    apply_policy(model, policy)
+    with LiveMemory() as mem:
+        model(seq1, labels=seq1).backward()
+    steps.append(mem.peak == acc.step_peak(cfg, 64, 4, policy.modes(cfg.num_hidden_layers)))
+print(all(steps))
+#> True
+
+for s in acc.loss_peak(QWEN3_8B, tokens=8192, itemsize=2):
+    print(f"{s.producer:<22}{s.tensor:<36}{s.formula:<7}{s.bytes / 2**30:>6.2f} GiB")
+    #> log_softmax           log-probs (saved for backward)      4·t·V    4.64 GiB
+    #> nll_loss backward     ∂L/∂log-probs                       4·t·V    4.64 GiB
+    #> log_softmax backward  ∂L/∂logits (fp32)                   4·t·V    4.64 GiB
+    #> nll_loss              loss                                4        0.00 GiB
+    #> nll_loss              total_weight (saved for backward)   4        0.00 GiB
+loss = sum(s.bytes for s in acc.loss_peak(QWEN3_8B, tokens=8192, itemsize=2))
+print(f"LM head + loss: {loss / 2**30:.2f} GiB = {loss / layer:.1f} layers without checkpointing")
+#> LM head + loss: 13.91 GiB = 8.4 layers without checkpointing
+# --8<-- [end:head]
+
 # The figures the prose quotes, recorded and checked on every run
 # (results/gradient-checkpointing/layer-bytes.json; `--update-examples` rewrites it).
 computed_result(
@@ -223,5 +270,7 @@ computed_result(
         "inside_over_boundary": per_token / boundary,
         "fp32_copies_share": fp32_copies / layer,
         "cheap_share": cheap / sum(r["bytes"] for r in rows),
+        "loss_gib": loss / 2**30,
+        "loss_over_layer": loss / layer,
     },
 )

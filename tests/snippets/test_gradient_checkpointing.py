@@ -23,6 +23,7 @@ from snippets.common.models.qwen3 import (
     DecoderLayer,
     Kernels,
     Qwen3ForCausalLM,
+    lm_loss,
     rope_tables,
 )
 from snippets.common.results import Stat
@@ -50,7 +51,7 @@ from snippets.gradient_checkpointing.policies import (
     every,
     layer_type,
 )
-from snippets.gradient_checkpointing.runner import CpuMeter, analyze, measure
+from snippets.gradient_checkpointing.runner import CpuMeter, analyze, measure, per_layer_costs
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +209,8 @@ def test_analyze_end_to_end_on_the_cpu(monkeypatch):
         modes = policy.modes(4)
         row["ms"] = stand_in_ms(1 + sum(acc.recompute_flops(cfg, 1, 32, m) for m in modes) / 1e6)
         rows.append(row)
-    scenario = {"layers": 36, "fixed": 1e6, "budget": 2e7, "micro_batches": (1, 2, 4)}
+    scenario = {"layers": 36, "fixed": 1e6, "budget": 2e7, "micro_batches": (1, 2, 4),
+                "head": acc.head_per_token(cfg, 4)}  # fmt: skip
     measured, deep, picks = analyze(rows, POLICIES, cfg, 32, 4, 4, scenario)
     assert all(r["kept_gib"] == r["kept_formula_gib"] for r in measured)
     assert [r["policy"] for r in measured] == [p.key for p in POLICIES]
@@ -232,9 +234,10 @@ def test_analyze_end_to_end_on_the_cpu(monkeypatch):
     monkeypatch.setattr(res, "provenance", lambda *a, **k: {})
     runner = ROOT / "snippets" / "gradient_checkpointing" / "runner.py"
     pareto = {"policies": measured, "saved_cuda_bytes": 1, "saved_formula_bytes": 1,
-              "attention_kernel": "k"}  # fmt: skip
+              "attention_kernel": "k", "head_peak_bytes": 1, "head_formula_bytes": 1,
+              "head_slack_bytes": 1}  # fmt: skip
     res.build_record("measured", "gradient-checkpointing", "checkpoint-pareto", pareto, runner)
-    budget = {"fixed_gb": 1.0, "policies": deep, "picks": picks}
+    budget = {"fixed_gb": 1.0, "head_gib_per_sequence": 1.0, "policies": deep, "picks": picks}
     res.build_record("measured", "gradient-checkpointing", "checkpoint-budget", budget, runner)
 
 
@@ -344,8 +347,10 @@ def test_recommend_prefers_less_memory_on_a_tie():
 
 def test_scale_to_and_max_tokens():
     per_layer = {"none": (100.0, 2.0), "full": (10.0, 3.0)}
-    model = scale_to(["full", "full", "none"], per_layer, working=50.0, fixed=1000.0)
+    model = scale_to(["full", "full", "none"], per_layer, working=50.0, fixed=1000.0, head=20.0)
     assert model == {"fixed": 1000.0, "bytes_per_token": 170.0, "ms_per_token": 8.0}
+    headed = scale_to(["full", "full", "none"], per_layer, working=50.0, fixed=1000.0, head=80.0)
+    assert headed["bytes_per_token"] == 200.0  # the LM head and loss's peak is the larger
     assert max_tokens(model, 1000 + 170 * 99.5) == 99
     assert max_tokens(model, 1000 + 170 * 99.5, multiple=8) == 96
     assert max_tokens(model, 999) == 0
@@ -357,3 +362,90 @@ def test_helpers_see_the_attention_kernel():
         torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
     assert any(is_attention(name) for name in ops.names)
     assert not is_attention(torch.ops.aten.mm.default)
+
+
+def loss_peak_on_the_cpu(dtype, tokens, hidden, vocab):
+    """lm_loss's forward + backward: peak bytes beyond its inputs, and the storages autograd
+    saves beyond them (nbytes, dtype)."""
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(vocab, hidden, dtype=dtype))
+    h = torch.randn(1, tokens, hidden, dtype=dtype, requires_grad=True)
+    labels = torch.randint(0, vocab, (1, tokens))
+    with LiveMemory() as mem:
+        lm_loss(h, weight, labels).backward()
+    _, saved = autograd_saved(lambda x: lm_loss(x, weight, labels), h, model_state=[weight])
+    inputs = {(h.nbytes, h.dtype), (labels.nbytes, labels.dtype)}
+    return mem.peak, sorted((n, d.itemsize) for n, d in saved if (n, d) not in inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("tokens", "hidden", "vocab"), [(40, 16, 300), (7, 8, 97), (64, 64, 1000)])
+def test_loss_peak_is_what_eager_cross_entropy_allocates(dtype, tokens, hidden, vocab):
+    """12 t V + 8 bytes at the peak, whatever the model dtype: the saved fp32 log-probabilities,
+    the gradient nll_loss hands back and the one log_softmax returns; of these autograd saves
+    only the first (with nll_loss's total_weight)."""
+    cfg = dataclasses.replace(TINY, hidden_size=hidden, vocab_size=vocab)
+    peak, saved = loss_peak_on_the_cpu(dtype, tokens, hidden, vocab)
+    want = acc.loss_peak(cfg, tokens, dtype.itemsize)
+    assert peak == sum(s.bytes for s in want) == 12 * tokens * vocab + 8
+    kept = [(s.bytes, s.itemsize) for s in want if "saved for backward" in s.tensor]
+    assert saved == sorted(kept)
+
+
+def test_loss_peak_moves_to_the_lm_head_matmuls_below_its_token_bound():
+    """With t < e h / (12 - e) tokens the LM head's dW (e V h) outgrows the loss's buffers: the
+    formula is a lower bound there, which the docstring states."""
+    cfg = dataclasses.replace(TINY, hidden_size=64, vocab_size=50)
+    peak, _ = loss_peak_on_the_cpu(torch.float32, 2, 64, 50)
+    assert 2 < 4 * 64 / (12 - 4) and peak > sum(s.bytes for s in acc.loss_peak(cfg, 2, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_full_step_peaks_in_the_loss(dtype):
+    """model(ids, labels).backward() on one sequence: the peak is what the forward kept, the
+    final hidden states and the loss's buffers, to the byte, for every policy; the stack
+    without the head (all the budget model measured before) peaks lower."""
+    cfg, seq = dataclasses.replace(TINY, num_hidden_layers=4), 64
+    model, ids, dy = model_and_inputs(cfg, dtype, batch=1, seq=seq)
+    model(ids, labels=ids).backward()  # the LM head's gradient exists too
+    for policy in POLICIES:
+        apply_policy(model, policy)
+        with LiveMemory() as mem:
+            model(ids, labels=ids).backward()
+        modes = policy.modes(4)
+        assert mem.peak == acc.step_peak(cfg, seq, dtype.itemsize, modes), policy.name
+        assert mem.peak > measure(model, policy, ids, dy, CpuMeter())["peak"], policy.name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_budget_model_predicts_a_full_step(dtype):
+    """analyze()'s model of a deep stack, built from the stack's measurements and the head's
+    formula, at the stack's own depth, against a full step measured on the CPU. It charges the
+    loss for seq tokens (one more than the step) and the stack's fitted constant (a weight's
+    gradient at the stack's peak, gone at the loss's), and leaves out the RoPE table and two
+    loss scalars: within 12 V + 8 s d bytes once the constant is taken off. Without the head
+    (the model before the LM head was counted) it misses by far more."""
+    cfg, seq, e = dataclasses.replace(TINY, num_hidden_layers=4), 64, dtype.itemsize
+    model, ids, dy = model_and_inputs(cfg, dtype, batch=1, seq=seq)
+    model(ids, labels=ids).backward()
+    rows, steps = [], []
+    for policy in POLICIES:
+        row = measure(model, policy, ids, dy, CpuMeter())
+        half = ids[:, : seq // 2], dy[:, : seq // 2]
+        row["peak_half"] = measure(model, policy, *half, CpuMeter())["peak"]
+        row["ms"] = 1.0
+        rows.append(row)
+        with LiveMemory() as mem:
+            model(ids, labels=ids).backward()
+        steps.append(mem.peak)
+    bound = 12 * cfg.vocab_size + 8 * seq * cfg.head_dim
+    costs = per_layer_costs(rows, POLICIES, 4, seq)
+    scenario = {"layers": 4, "fixed": 0, "budget": 1e12, "micro_batches": (1,),
+                "head": acc.head_per_token(cfg, e)}  # fmt: skip
+    _, deep, _ = analyze(rows, POLICIES, cfg, seq, 4, e, scenario)
+    for d, row, policy, step_peak in zip(deep, rows, POLICIES, steps, strict=True):
+        predicted = d["gib_per_sequence"] * 2**30  # per token x tokens; the constant is apart
+        assert abs(predicted - step_peak) <= bound, policy.name
+        slope = (row["peak"] - row["peak_half"]) / (seq - seq // 2)
+        old = scale_to(policy.types(4), costs, slope - row["kept"] / seq, 0, head=0)
+        assert step_peak - old["bytes_per_token"] * seq > 10 * bound, policy.name
