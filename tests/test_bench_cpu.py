@@ -1,7 +1,10 @@
-"""The harness's CPU-side logic: splitting profiler spans into repeats."""
+"""The harness's CPU-side logic: splitting profiler spans into repeats, tracing its calls."""
+
+import inspect
 
 import pytest
 
+from snippets.common import bench
 from snippets.common.bench import MARKER, split_repeats
 
 
@@ -28,3 +31,23 @@ def test_kernels_that_do_not_divide_into_repeats_raise():
     spans = [span("k", True, i, i + 1) for i in range(3)]
     with pytest.raises(RuntimeError, match="cannot split 3 kernels into 2 repeats"):
         split_repeats(spans, 2, lambda n: None)
+
+
+def test_harness_calls_are_traced_with_their_call_site(monkeypatch, tmp_path):
+    """With HANDBOOK_BENCH_TRACE set (gpu_docs sets it), each harness call appends its wall time,
+    name and caller's file:line; without it nothing is written."""
+    trace = tmp_path / "trace.tsv"
+
+    @bench._traced
+    def demo_ms():
+        return 1
+
+    monkeypatch.delenv("HANDBOOK_BENCH_TRACE", raising=False)
+    demo_ms()
+    assert not trace.exists()
+    monkeypatch.setenv("HANDBOOK_BENCH_TRACE", str(trace))
+    line = inspect.currentframe().f_lineno + 1
+    assert demo_ms() == 1
+    seconds, name, where = trace.read_text(encoding="utf-8").strip().split("\t")
+    assert float(seconds) >= 0 and name == "demo_ms"
+    assert where.endswith(f"test_bench_cpu.py:{line}")

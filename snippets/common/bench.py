@@ -44,10 +44,15 @@ def _traced(fn):
         finally:
             caller = sys._getframe(1)
             where = f"{os.path.relpath(caller.f_code.co_filename)}:{caller.f_lineno}"
-            with open(path, "a", encoding="utf-8") as out:
-                out.write(f"{time.perf_counter() - t0:.3f}\t{fn.__name__}\t{where}\n")
+            _trace(time.perf_counter() - t0, fn.__name__, where)
 
     return wrapper
+
+
+def _trace(seconds: float, name: str, where: str) -> None:
+    if path := os.environ.get("HANDBOOK_BENCH_TRACE"):
+        with open(path, "a", encoding="utf-8") as out:
+            out.write(f"{seconds:.3f}\t{name}\t{where}\n")
 
 
 @contextmanager
@@ -116,12 +121,15 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
     copies) the calls launched, read by CUPTI through torch.profiler."""
     torch.cuda.synchronize()
     cuda = torch.profiler.ProfilerActivity.CUDA
+    t0 = time.perf_counter()
     with _quiet(), torch.profiler.profile(activities=[cuda]) as prof:
+        t1 = time.perf_counter()
         for i in range(repeats):
             with torch.profiler.record_function(f"{MARKER}{i}"):
                 for _ in range(calls):
                     fn()
                 torch.cuda.synchronize()
+        t2 = time.perf_counter()
     # the raw events: prof.events() would build a Python object per event, ~50 us each
     gpu = torch.autograd.DeviceType.CUDA
     names: dict[str, str] = {}  # demangled, as prof.events() names them
@@ -134,6 +142,8 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
         if name not in names:
             names[name] = torch._C._demangle(name) if len(name) > 1 else name
         spans.append((names[name], on_gpu, e.start_ns(), e.end_ns()))
+    # the profiler's own cost, apart from the timed calls: starting, stopping, reading events
+    _trace((t1 - t0) + (time.perf_counter() - t2), "(profiler start, stop, events)", "bench.py")
     return split_repeats(spans, repeats, classify)
 
 
