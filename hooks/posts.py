@@ -2,13 +2,18 @@
 
 - the nav: the "系列文章" section of mkdocs.yml is filled with every docs/posts/*.md in series
   order (Material's navigation.footer then gives each post its previous / next links);
-- the top of every post: what the reader will be able to do (summary) and the posts it builds on;
+- the top of every post: its reading time, when and where its code was last verified (from its
+  results' provenance), links to download its code (hooks/downloads.py), what the reader will be
+  able to do (summary) and the posts it builds on;
 - `<!-- data: posts -->` on a page: the list of posts with their summaries (the home page).
 A post without valid front matter fails the build with the page and line.
 """
 
 from __future__ import annotations
 
+import html
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,9 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from snippets.common import markup  # noqa: E402
+from snippets.common.results import results_dir  # noqa: E402
 
 SECTION = "系列文章"
 MARKER = "<!-- data: posts -->"
+DOWNLOADS = "downloads"  # where hooks/downloads.py puts <slug>.py and <slug>.ipynb
+# Reading time is an estimate of the prose alone (code, tables, plots and formulas not counted):
+# Chinese at CJK_PER_MINUTE characters a minute -- an assumed rate for attentive reading of
+# technical Chinese, not a measured one -- and English words at 238 a minute, the mean silent
+# reading rate of English non-fiction in Brysbaert (2019), J. Mem. Lang. 109, 104047.
+CJK_PER_MINUTE = 300
+WORDS_PER_MINUTE = 238
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+WORD = re.compile(r"[A-Za-z][A-Za-z0-9'-]*")
 
 
 def posts(docs: Path) -> list[markup.PostMeta]:
@@ -54,9 +69,53 @@ def post_list(metas: list[markup.PostMeta], page) -> str:
     return "\n".join(rows)
 
 
-def header(meta: markup.PostMeta, by_slug: dict, page) -> str:
-    """An admonition under the title: what the reader will be able to do, what it assumes."""
-    lines = ['!!! abstract "读完本文"', "", f"    {meta.summary}"]
+def reading(text: str) -> tuple[int, int, int]:
+    """(minutes, Chinese characters, English words) of a page's prose."""
+    text = markup.prose(markup._FRONT.sub("", text, count=1))  # fences, spans, comments blanked
+    text = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$|\]\([^)]*\)|\{\{.*?\}\}", " ", text, flags=re.S)
+    cjk, words = len(CJK.findall(text)), len(WORD.findall(text))
+    return max(1, round(cjk / CJK_PER_MINUTE + words / WORDS_PER_MINUTE)), cjk, words
+
+
+def verified(meta: markup.PostMeta) -> str:
+    """The "last verified" line, from the provenance of the post's newest GPU measurement."""
+    if meta.awaiting_gpu:
+        return "最近验证：待 GPU 运行——本页的代码改动之后还没有在 GPU 上重新测量（见下方提示）"
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((results_dir() / meta.slug).glob("*.json"))]  # fmt: skip
+    measured = [r["provenance"] for r in records if r.get("kind") == "measured"]
+    if not measured:
+        return "最近验证：在 CPU 上——本页没有 GPU 测量，它的代码块在每次 CI 中运行"
+    p = max(measured, key=lambda p: p["date"])
+    dirty = "（工作区有未提交的改动）" if p["dirty"] else ""
+    return (f"最近验证：{p['date'][:10]} · commit {p['commit'][:10]}{dirty} · {p['gpu']} · "
+            f"torch {p['torch']} · triton {p['triton']}")  # fmt: skip
+
+
+def header(meta: markup.PostMeta, by_slug: dict, page, text: str = "") -> str:
+    """Under the title: reading time and the "last verified" line, the code's downloads, and an
+    admonition with what the reader will be able to do and what it assumes."""
+    minutes, cjk, words = reading(text)
+    rate = (f"正文约 {cjk} 个汉字、{words} 个英文词，按每分钟 {CJK_PER_MINUTE} 字、"
+            f"{WORDS_PER_MINUTE} 词估算；代码、表、图与公式不计")  # fmt: skip
+    files = [f"{meta.slug}.py", f"{meta.slug}.ipynb"]
+    icons = [":material-language-python:", ":material-notebook-outline:"]
+    buttons = " ".join(
+        f'[{icon} 下载 {Path(f).suffix}](../{DOWNLOADS}/{f}){{ .md-button download="{f}" '
+        f'title="本页按测试顺序执行的全部代码，正文为注释" }}'
+        for icon, f in zip(icons, files, strict=True)
+    )
+    lines = [
+        '<div class="page-head" markdown>',
+        f'<p class="page-meta"><span class="reading-time" title="{html.escape(rate)}">'
+        f'阅读约 {minutes} 分钟</span> · <span class="verified">'
+        f"{html.escape(verified(meta))}</span></p>",
+        "",
+        buttons,
+        "</div>",
+        "",
+        '!!! abstract "读完本文"', "", f"    {meta.summary}",
+    ]  # fmt: skip
     if meta.prerequisites:
         links = "、".join(_link(s, by_slug[s].heading, page) for s in meta.prerequisites)
         lines += ["", f"    先读：{links}"]
@@ -70,8 +129,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         metas = posts(docs)
         by_slug = {p.slug: p for p in metas}
         meta = by_slug[Path(page.file.src_uri).stem]
+        source = (docs / page.file.src_uri).read_text(encoding="utf-8")
         head, sep, rest = markdown.partition("\n")  # the H1 (front matter is already gone)
-        markdown = f"{head}{sep}\n{header(meta, by_slug, page)}\n{rest}"
+        markdown = f"{head}{sep}\n{header(meta, by_slug, page, source)}\n{rest}"
     if MARKER in markdown:
         metas = metas or posts(docs)
         markdown = markdown.replace(MARKER, post_list(metas, page))

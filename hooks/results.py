@@ -280,17 +280,6 @@ def claim(d: cl.Directive) -> str:
     return f'<span class="claim" title="{html.escape(title)}">✓</span>'
 
 
-def verified_line(records: list[dict]) -> str:
-    """The page's "last verified on a GPU" line, from its newest measurement."""
-    measured = [r["provenance"] for r in records if r["kind"] == "measured"]
-    if not measured:
-        return ""
-    p = max(measured, key=lambda p: p["date"])
-    text = (f"本页的 GPU 测量最近一次运行于 {p['gpu']}：{p['date'][:10]}"
-            f"（commit {p['commit'][:10]}）")  # fmt: skip
-    return f'<p class="provenance">{html.escape(text)}</p>'
-
-
 PENDING_TITLE = "待 GPU 测量"
 
 
@@ -369,10 +358,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         out += [markdown[last : d.start], text]
         last = d.end
     markdown = "".join([*out, markdown[last:]])
-    line = verified_line(list(results.loaded.values()))
-    if slug in PENDING and path.parent.name == "posts":
+    if slug in PENDING and path.parent.name == "posts":  # under the page title (hooks/posts.py
+        # puts the "last verified" line above it)
         line = pending_banner(slug, html.escape(cl.markup.post_meta(path).awaiting_gpu or ""))
-    if line:  # under the page title
         head, sep, rest = markdown.partition("\n")
         markdown = f"{head}{sep}\n{line}\n{rest}"
     return markdown

@@ -175,3 +175,158 @@ def test_the_bug_class_checks_see_their_bugs_planted_back(tmp_path):
     assert include_errors(site, root) == [
         "docs/posts/p.md:3: snippets/x.py:demo shows without 'import math'"
     ]
+
+
+# --------------------------------------------------------------------------- downloads, page head
+# Each post offers its code as downloads/<slug>.py and .ipynb (hooks/downloads.py), and its head
+# says how long it reads and when its code was last verified (hooks/posts.py).
+
+ADDED, WAS = "  # 下载版添加", "  # 原为："  # how the download marks its edits of a file
+
+
+def executed(page: Path) -> list[str]:
+    """What the tests run of a page, in order: Sybil's evaluator for each Python fence
+    (tests/pages.py) with the running recorded instead of done. A `gpu` fence counts (gpu_docs
+    runs it); a `skip` fence does not."""
+    from sybil import Sybil
+
+    from tests import pages
+
+    ran: list[str] = []
+    parser = pages.PageParser(ROOT)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pages, "run_inline", lambda fence, ns: ran.append(fence.body))
+        mp.setattr(pages, "run_include", lambda root, target, ns, where: ran.append(
+            target.read_text(encoding="utf-8")))  # fmt: skip
+        mp.setattr(pages, "_cuda", lambda: True)
+        for example in Sybil(parsers=[parser]).parse(page):
+            if example.region.evaluator == parser.evaluate:
+                try:
+                    parser.evaluate(example)
+                except pytest.skip.Exception:
+                    pass
+    return [code.rstrip("\n") for code in ran]
+
+
+def original(cell: str) -> str:
+    """A code cell with the download's marked edits undone."""
+    out = []
+    for line in cell.split("\n"):
+        if line.endswith(ADDED):
+            continue
+        new, marked, was = line.partition(WAS.strip())
+        out.append(new[: len(new) - len(new.lstrip())] + was if marked else line)
+    return "\n".join(out)
+
+
+def download_errors(site: Path, root: Path) -> list[str]:
+    import jupytext
+    import nbformat
+
+    found = []
+    for page in sorted((root / "docs" / "posts").glob("*.md")):
+        py, ipynb = (site / "downloads" / f"{page.stem}{ext}" for ext in (".py", ".ipynb"))
+        missing = [str(p.relative_to(site)) for p in (py, ipynb) if not p.is_file()]
+        if missing:
+            found.append(f"{page.stem}: no {' or '.join(missing)} in the built site")
+            continue
+        script = py.read_text(encoding="utf-8")
+        try:
+            compile(script, str(py), "exec")
+        except SyntaxError as exc:
+            found.append(f"{py.relative_to(site)}:{exc.lineno}: does not compile: {exc.msg}")
+        nb = nbformat.reads(ipynb.read_text(encoding="utf-8"), as_version=4)
+        try:
+            nbformat.validate(nb)
+        except nbformat.ValidationError as exc:
+            found.append(f"{ipynb.relative_to(site)}: not a valid notebook: {exc.message}")
+        cells = [c.source for c in nb.cells if c.cell_type == "code"]
+        from_py = [c.source for c in jupytext.reads(script, fmt="py:percent").cells
+                   if c.cell_type == "code"]  # fmt: skip
+        if [c.rstrip("\n") for c in from_py] != [c.rstrip("\n") for c in cells]:
+            found.append(f"{py.relative_to(site)}: its code differs from the notebook's")
+        want, got = executed(page), [original(c) for c in cells]
+        if got != want:
+            pairs = enumerate(zip(got, want, strict=False))
+            i = next((i for i, (a, b) in pairs if a != b), min(len(got), len(want)))
+            found.append(f"{ipynb.relative_to(site)}: code cell {i + 1} of {len(got)} is not the "
+                         f"page's executed block {i + 1} of {len(want)}")  # fmt: skip
+    return found
+
+
+def test_every_post_downloads_as_the_code_its_tests_run(site):
+    found = download_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def head_errors(site: Path, root: Path) -> list[str]:
+    """Every post's head has its reading time, its "last verified" line -- the newest GPU
+    measurement's date, commit, GPU, torch and triton, or that it awaits a GPU run, or that it
+    has none -- and links to both downloads."""
+    import json
+
+    from snippets.common import markup
+
+    found = []
+    for page in sorted((root / "docs" / "posts").glob("*.md")):
+        slug = page.stem
+        built = site / "posts" / slug / "index.html"
+        head = re.search(r'<div class="page-head">(.*?)</div>', built.read_text(encoding="utf-8"),
+                         re.S)  # fmt: skip
+        if not head:
+            found.append(f"posts/{slug}/: no page head")
+            continue
+        if not re.search(r'class="reading-time"[^>]*>阅读约 \d+ 分钟<', head[1]):
+            found.append(f"posts/{slug}/: no reading time")
+        records = [json.loads(p.read_text(encoding="utf-8"))
+                   for p in sorted((root / "results" / slug).glob("*.json"))]  # fmt: skip
+        measured = [r["provenance"] for r in records if r["kind"] == "measured"]
+        if markup.post_meta(page).awaiting_gpu:
+            want = ["待 GPU 运行"]
+        elif measured:
+            p = max(measured, key=lambda p: p["date"])
+            want = [p["date"][:10], f"commit {p['commit'][:10]}", p["gpu"], f"torch {p['torch']}",
+                    f"triton {p['triton']}"]  # fmt: skip
+        else:
+            want = ["在 CPU 上"]
+        line = re.search(r'class="verified">([^<]*)<', head[1])
+        missing = [w for w in want if not line or w not in line[1]]
+        if missing:
+            found.append(f"posts/{slug}/: the last-verified line lacks {missing}")
+        for name in (f"{slug}.py", f"{slug}.ipynb"):
+            if f'href="../../downloads/{name}"' not in head[1]:
+                found.append(f"posts/{slug}/: no link to downloads/{name}")
+    return found
+
+
+def test_every_post_head_says_reading_time_last_verified_and_downloads(site):
+    found = head_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_download_and_head_checks_see_planted_faults(site, tmp_path):
+    import shutil
+
+    import nbformat
+
+    copy = tmp_path / "site"
+    shutil.copytree(site / "downloads", copy / "downloads")
+    shutil.copytree(site / "posts", copy / "posts")
+    nb_path = copy / "downloads" / "metrics.ipynb"
+    nb = nbformat.read(nb_path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    code[1].source = '--8<-- "snippets/metrics/qwen3.py:config"'  # the include line, not the code
+    nbformat.write(nb, nb_path)
+    (copy / "downloads" / "tech-map.py").write_text("def broken(:\n", encoding="utf-8")
+    (copy / "downloads" / "cuda-graph.ipynb").unlink()
+    page = copy / "posts" / "cuda-graph" / "index.html"
+    text = page.read_text(encoding="utf-8")
+    page.write_text(re.sub(r"commit [0-9a-f]{10}", "commit 0123456789", text), encoding="utf-8")
+    found = download_errors(copy, ROOT)
+    assert "cuda-graph: no downloads/cuda-graph.ipynb in the built site" in found
+    assert any(f.startswith("downloads/metrics.ipynb: code cell 2 of ") for f in found), found
+    assert any(f.startswith("downloads/tech-map.py:1: does not compile") for f in found), found
+    head = head_errors(copy, ROOT)
+    assert len(head) == 1 and head[0].startswith(
+        "posts/cuda-graph/: the last-verified line lacks ['commit "
+    ), head

@@ -8,9 +8,11 @@ problem, and point at a screenshot.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -216,3 +218,54 @@ def test_calculator_matches_python_on_shared_vectors(visitor):
     assert n > 0, "no shared vectors"
     assert not mismatches, f"posts/metrics/: {len(mismatches)} of {n} differ: {mismatches[:3]}"
     assert not problems, problems
+
+
+HEAD_POST = "gradient-checkpointing"  # has GPU measurements and cells that need CUDA
+
+
+def test_post_head_and_downloads(visitor):
+    """One post's head as a reader sees it: the reading time (its rate on hover), the "last
+    verified" line of its newest GPU measurement, and two buttons that download its code as a
+    .py that compiles and a valid notebook."""
+    import json
+
+    import nbformat
+
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((checks.ROOT / "results" / HEAD_POST).glob("*.json"))]  # fmt: skip
+    p = max((r["provenance"] for r in records if r["kind"] == "measured"), key=lambda p: p["date"])
+    want = [p["date"][:10], p["commit"][:10], p["gpu"], f"torch {p['torch']}",
+            f"triton {p['triton']}"]  # fmt: skip
+    page, guard = visitor.open(f"posts/{HEAD_POST}/")
+    problems = []
+    try:
+        head = page.locator("article .page-head")
+        reading = head.locator(".reading-time")
+        if not reading.is_visible() or not re.fullmatch(r"阅读约 \d+ 分钟", reading.inner_text()):
+            problems.append(f"reading time: {reading.all_inner_texts()}")
+        elif not re.search(r"按每分钟 \d+ 字", reading.get_attribute("title") or ""):
+            problems.append(f"reading time: no rate on hover: {reading.get_attribute('title')!r}")
+        line = head.locator(".verified").inner_text()
+        problems += [f"last verified line {line!r} lacks {w!r}" for w in want if w not in line]
+        links = head.locator("a.md-button[download]")
+        names = [f"{HEAD_POST}.py", f"{HEAD_POST}.ipynb"]
+        for i, name in enumerate(names):
+            if i >= links.count() or not links.nth(i).is_visible():
+                problems.append(f"no visible button for {name}")
+                continue
+            with page.expect_download() as info:
+                links.nth(i).click()
+            got = info.value
+            text = Path(got.path()).read_text(encoding="utf-8")
+            if got.suggested_filename != name:
+                problems.append(f"button {i + 1} downloads {got.suggested_filename}, not {name}")
+            elif name.endswith(".py"):
+                compile(text, name, "exec")
+            else:
+                nbformat.validate(nbformat.reads(text, as_version=4))
+        problems += guard.network_problems() + guard.console_problems()
+        if problems:
+            shot = visitor.screenshot(page, f"{HEAD_POST}-head.png", full_page=False)
+            pytest.fail(f"posts/{HEAD_POST}/: " + "; ".join(problems) + f" [screenshot: {shot}]")
+    finally:
+        page.close()
