@@ -20,7 +20,7 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 8 laye
     num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=8)  # Qwen3-8B's widths, 8 layers
-CALLS = 10  # decode steps per timed repeat (of 15): an eager step is ~8 ms of CPU work
+CALLS = 16  # decode steps per timed repeat (of 15): an eager step is 8-14 ms of CPU work
 # --8<-- [end:configs]
 
 

@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import time
 
 import torch
 
@@ -67,6 +68,10 @@ for k in (1, 2, 4, 8, 16):
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 1.0:  # a second of steps: the clocks settle under this load
+        step()  # (without it the first repeats ran faster: k = 2 and 4 spread ±5-7 %)
+        torch.cuda.synchronize()
     ms = kernel_ms(step, calls=2)  # GPU time: the step's kernels, two steps a repeat
     achieved = rate(6 * n_params * TOKENS, ms)  # matmul FLOPs: forward 2NT + backward 4NT
     steps.append(
