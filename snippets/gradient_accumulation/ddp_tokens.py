@@ -47,6 +47,7 @@ def worker(rank, world, port, windows, state, out_dir):
     }
     grads = {name: accumulate(model, window, scale) for name, scale in scales.items()}
     torch.save(grads, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank tears down gloo while another still talks to it
     dist.destroy_process_group()
 
 

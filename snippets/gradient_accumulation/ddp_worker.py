@@ -34,6 +34,7 @@ def worker(rank, world, port, k, out_dir):
         result[use_no_sync] = (len(calls), model.module.weight.grad.clone())
         model = DDP(model.module)  # a fresh wrapper: a comm hook can be registered only once
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.barrier()  # no rank tears down gloo while another still talks to it
     dist.destroy_process_group()
 
 
