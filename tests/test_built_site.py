@@ -177,6 +177,80 @@ def test_the_bug_class_checks_see_their_bugs_planted_back(tmp_path):
     ]
 
 
+# --------------------------------------------------------------------------- plots as text
+# Every plot (hooks/results.py) is also readable without seeing it: role="img" with a description
+# that counts its points, and a "数据表" disclosure holding one table row per data point.
+
+PLOT = re.compile(r'<div class="result-plot"(?P<attrs>[^>]*)>')
+ATTR = re.compile(r'\b(?P<name>[\w-]+)="(?P<value>[^"]*)"')
+DETAILS = re.compile(r'<details class="result-data"><summary>(?P<summary>.*?)</summary>'
+                     r"(?P<body>.*?)</details>", re.S)  # fmt: skip
+
+
+def plot_text_errors(site: Path) -> list[str]:
+    import json
+    from html import unescape
+
+    found = []
+    for path in html_pages(site):
+        text = path.read_text(encoding="utf-8")
+        plots = list(PLOT.finditer(text))
+        for i, m in enumerate(plots):
+            attrs = {a["name"]: unescape(a["value"]) for a in ATTR.finditer(m["attrs"])}
+            line = text.count("\n", 0, m.start()) + 1
+            where = f"{path.relative_to(site)}:{line}: plot {attrs.get('data-result')!r}"
+            n = len(json.loads(attrs.get("data-spec", "{}")).get("data", {}).get("values", []))
+            if attrs.get("role") != "img":
+                found.append(f'{where}: no role="img"')
+            if f"共 {n} 个数据点" not in attrs.get("aria-label", ""):
+                found.append(f"{where}: no aria-label describing its {n} data points")
+            end = plots[i + 1].start() if i + 1 < len(plots) else len(text)
+            table = DETAILS.search(text, m.end(), end)
+            if not table or not table["summary"].startswith("数据表"):
+                found.append(f"{where}: no 数据表 disclosure after it")
+                continue
+            body = table["body"].partition("<tbody>")[2]
+            rows = body.count("<tr>")
+            if rows != n:
+                found.append(f"{where}: its data table has {rows} rows for {n} data points")
+    return found
+
+
+def test_every_plot_has_a_text_alternative_and_its_data_table(site):
+    found = plot_text_errors(site)
+    assert not found, "\n".join(found)
+    assert any(PLOT.search(p.read_text(encoding="utf-8")) for p in html_pages(site)), "no plots"
+
+
+def test_the_plot_text_check_sees_planted_faults(site, tmp_path):
+    import json
+    from html import unescape
+
+    page = next(p for p in html_pages(site) if PLOT.search(p.read_text(encoding="utf-8")))
+    text = page.read_text(encoding="utf-8")
+    plot = PLOT.search(text)
+    attrs = {a["name"]: unescape(a["value"]) for a in ATTR.finditer(plot["attrs"])}
+    name, n = attrs["data-result"], len(json.loads(attrs["data-spec"])["data"]["values"])
+    line = text.count("\n", 0, plot.start()) + 1
+    table = DETAILS.search(text, plot.end())[0]
+    short = re.sub(r"<tr>(?:(?!<tr>).)*</tr></tbody>", "</tbody>", table, count=1, flags=re.S)
+    plants = {  # a plot box without its text alternative; no table; a table a row short
+        "bare": text.replace(plot[0], re.sub(r' (role|aria-label)="[^"]*"', "", plot[0]), 1),
+        "no-table": text.replace(table, "", 1),
+        "short": text.replace(table, short, 1),
+    }
+    for folder, planted in plants.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "index.html").write_text(planted, encoding="utf-8")
+    where = f"index.html:{line}: plot {name!r}"
+    assert plot_text_errors(tmp_path) == [
+        f'bare/{where}: no role="img"',
+        f"bare/{where}: no aria-label describing its {n} data points",
+        f"no-table/{where}: no 数据表 disclosure after it",
+        f"short/{where}: its data table has {n - 1} rows for {n} data points",
+    ]
+
+
 # --------------------------------------------------------------------------- downloads, page head
 # Each post offers its code as downloads/<slug>.py and .ipynb (hooks/downloads.py), and its head
 # says how long it reads and when its code was last verified (hooks/posts.py).
