@@ -259,15 +259,152 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
     return {**spec, "data": {"values": data}, "layer": layers}
 
 
+# --------------------------------------------------------------------------- the plot as text
+# A reader who cannot see the chart gets a description (role="img" with an aria-label: caption,
+# axes with their units, series, number of points) and every plot has a "数据表" disclosure with
+# its records as an HTML table, made here from the same records as the chart's data.
+
+# the kind of chart, by the first of these marks it has (a line through points is a line chart)
+MARK_NAMES = {"bar": "柱状图", "point": "散点图", "circle": "散点图", "line": "折线图",
+              "area": "面积图"}  # fmt: skip
+TABLE_SUMMARY = "数据表"
+
+
+def _layers(spec: dict) -> list[dict]:
+    """The top level and each layer that draws the records (not one with data of its own, such
+    as the roofline): where their encodings and transforms are declared."""
+    return [spec, *[layer for layer in spec.get("layer", [])
+                    if isinstance(layer, dict) and "data" not in layer]]  # fmt: skip
+
+
+def _transforms(spec: dict) -> list[dict]:
+    return [t for part in _layers(spec) for t in part.get("transform") or [] if isinstance(t, dict)]
+
+
+def _channels(spec: dict) -> list[tuple[str, dict]]:
+    """(channel, definition) of every encoding, top level first, in the order written."""
+    return [(ch, enc) for part in _layers(spec) for ch, enc in (part.get("encoding") or {}).items()
+            if isinstance(enc, dict)]  # fmt: skip
+
+
+def table_fields(spec: dict, data: list[dict]) -> list[tuple[str, str]]:
+    """(field, label) of the columns of a plot's data table: the encoded fields that are in its
+    records (a timing's _lo/_hi go into its cell), a fold's source fields for the folded value,
+    and "#" for a row_number window; labels are the axis or legend titles."""
+    keys = {k for r in data for k in r}
+    folds = {t["as"][1]: (t["as"][0], t["fold"]) for t in _transforms(spec)
+             if "fold" in t and len(t.get("as") or []) == 2}  # fmt: skip
+    windows = {w.get("as") for t in _transforms(spec) for w in t.get("window") or []
+               if isinstance(w, dict) and w.get("op") == "row_number"}  # fmt: skip
+    out: dict[str, str] = {}
+    for ch, enc in _channels(spec):
+        field = enc.get("field")
+        if ch in ("y2", "x2") or not isinstance(field, str):
+            continue
+        title = str(enc.get("title") or ("图中标注" if ch == "text" else field))
+        if field in folds:
+            for source in folds[field][1]:
+                out.setdefault(source, f"{title}：{source}")
+        elif field in windows:
+            out.setdefault("#", "#")
+        elif field in keys and not (field.endswith(("_lo", "_hi")) and field[:-3] in out):
+            out.setdefault(field, title)
+    if not out:  # nothing encoded is a record field: show every plain field
+        out = {k: k for r in data for k in r if not k.endswith(("_lo", "_hi"))}
+    titles = list(out.values())  # two fields on one axis: name each
+    return [(f, f"{t}：{f}" if titles.count(t) > 1 else t) for f, t in out.items()]
+
+
+def _text(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "是" if value else "否"
+    if isinstance(value, float):
+        return f"{value:.0f}" if 1e3 <= abs(value) < 1e9 else f"{value:.3g}"
+    return str(value)
+
+
+def data_table(spec: dict, data: list[dict], caption: str) -> str:
+    """The records of a plot as a <details> table: one row per record, in the records' order."""
+    fields = table_fields(spec, data)
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in fields)
+    rows = []
+    for i, r in enumerate(data):
+        cells = []
+        for field, _ in fields:
+            value = i + 1 if field == "#" else r.get(field)
+            text = _text(value)
+            if f"{field}_lo" in r and f"{field}_hi" in r:
+                text += f"（{_text(r[f'{field}_lo'])}–{_text(r[f'{field}_hi'])}）"
+            cells.append(f"<td>{html.escape(text)}</td>")
+        rows.append(f"<tr>{''.join(cells)}</tr>")
+    timed = any(f"{f}_lo" in r for f, _ in fields for r in data)
+    note = "；括号内为去掉最快、最慢各一次后的范围" if timed else ""
+    title = html.escape(f"{TABLE_SUMMARY}（{len(data)} 行{note}）")
+    label = html.escape(caption) if caption else ""
+    cap = f"<caption>{label}</caption>" if label else ""
+    return (
+        f'<details class="result-data"><summary>{title}</summary>'
+        f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        "</details>"
+    )
+
+
+def _axis(spec: dict, channel: str) -> str | None:
+    for ch, enc in _channels(spec):
+        if ch == channel and (enc.get("title") or enc.get("field")):
+            text = str(enc.get("title") or enc["field"])
+            scale = enc.get("scale") or {}
+            if isinstance(scale, dict) and scale.get("type") in ("log", "symlog"):
+                text += "，对数刻度"
+            elif enc.get("type") in ("nominal", "ordinal"):
+                text += "，类别"
+            return text
+    return None
+
+
+def describe(spec: dict, data: list[dict], caption: str) -> str:
+    """A text alternative of a plot: what kind, its caption, both axes (their titles carry the
+    units), how many series and how many points -- the rows of its data table."""
+    marks = [p.get("mark") for p in _layers(spec) if p.get("mark")]
+    types = [m.get("type") if isinstance(m, dict) else m for m in marks]
+    kind = next((MARK_NAMES[t] for t in MARK_NAMES if t in types), "图")
+    parts = [f"{kind}：{caption}" if caption else kind]
+    for channel, name in (("x", "横轴"), ("y", "纵轴")):
+        axis = _axis(spec, channel)
+        if axis:
+            parts.append(f"{name}：{axis}")
+    folds = [t for t in _transforms(spec) if "fold" in t]
+    color = next((enc for ch, enc in _channels(spec) if ch == "color" and "field" in enc), None)
+    if folds:
+        names = [str(f) for f in folds[0]["fold"]]
+    elif color and any(color["field"] in r for r in data):
+        names = list(dict.fromkeys(str(r.get(color["field"])) for r in data))
+    else:
+        names = []
+    if len(names) > 1:
+        by = f"按{color.get('title') or color['field']}分 " if color else ""
+        shown = "、".join(names[:6]) + ("等" if len(names) > 6 else "")
+        parts.append(f"{by}{len(names)} 个系列（{shown}）")
+    parts.append(f"共 {len(data)} 个数据点，数值见图下的“{TABLE_SUMMARY}”")
+    return "；".join(parts) + "。"
+
+
 def plot(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = True) -> str:
     # in an attribute, not a <script type="application/json">: Material's instant navigation
     # re-creates every inline script without its type, and would run the JSON as JavaScript
-    spec = html.escape(json.dumps(vega_spec(slug, d, results), ensure_ascii=False))
-    caption = html.escape(str(d.spec.get("caption") or ""))
+    vega = vega_spec(slug, d, results)
+    spec = html.escape(json.dumps(vega, ensure_ascii=False))
+    text = str(d.spec.get("caption") or "")
+    caption = html.escape(text)
+    label = html.escape(describe(vega, vega["data"]["values"], text))
     parts = [f'<p class="result-caption"><strong>{caption}</strong></p>'] if caption else []
     parts.append(
-        f'<div class="result-plot" data-result="{html.escape(d.name)}" data-spec="{spec}"></div>'
+        f'<div class="result-plot" role="img" aria-label="{label}" '
+        f'data-result="{html.escape(d.name)}" data-spec="{spec}"></div>'
     )
+    parts.append(data_table(vega, vega["data"]["values"], text))
     if d.spec.get("note"):
         parts.append(f'<p class="result-note">{html.escape(d.spec["note"])}</p>')
     if prov:

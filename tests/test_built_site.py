@@ -177,6 +177,162 @@ def test_the_bug_class_checks_see_their_bugs_planted_back(tmp_path):
     ]
 
 
+# --------------------------------------------------------------------------- plots as text
+# Every plot (hooks/results.py) is also readable without seeing it: role="img" with a description
+# that counts its points, and a "数据表" disclosure holding one table row per data point.
+
+PLOT = re.compile(r'<div class="result-plot"(?P<attrs>[^>]*)>')
+ATTR = re.compile(r'\b(?P<name>[\w-]+)="(?P<value>[^"]*)"')
+DETAILS = re.compile(r'<details class="result-data"><summary>(?P<summary>.*?)</summary>'
+                     r"(?P<body>.*?)</details>", re.S)  # fmt: skip
+
+
+def plot_text_errors(site: Path) -> list[str]:
+    import json
+    from html import unescape
+
+    found = []
+    for path in html_pages(site):
+        text = path.read_text(encoding="utf-8")
+        plots = list(PLOT.finditer(text))
+        for i, m in enumerate(plots):
+            attrs = {a["name"]: unescape(a["value"]) for a in ATTR.finditer(m["attrs"])}
+            line = text.count("\n", 0, m.start()) + 1
+            where = f"{path.relative_to(site)}:{line}: plot {attrs.get('data-result')!r}"
+            n = len(json.loads(attrs.get("data-spec", "{}")).get("data", {}).get("values", []))
+            if attrs.get("role") != "img":
+                found.append(f'{where}: no role="img"')
+            if f"共 {n} 个数据点" not in attrs.get("aria-label", ""):
+                found.append(f"{where}: no aria-label describing its {n} data points")
+            end = plots[i + 1].start() if i + 1 < len(plots) else len(text)
+            table = DETAILS.search(text, m.end(), end)
+            if not table or not table["summary"].startswith("数据表"):
+                found.append(f"{where}: no 数据表 disclosure after it")
+                continue
+            body = table["body"].partition("<tbody>")[2]
+            rows = body.count("<tr>")
+            if rows != n:
+                found.append(f"{where}: its data table has {rows} rows for {n} data points")
+    return found
+
+
+def test_every_plot_has_a_text_alternative_and_its_data_table(site):
+    found = plot_text_errors(site)
+    assert not found, "\n".join(found)
+    assert any(PLOT.search(p.read_text(encoding="utf-8")) for p in html_pages(site)), "no plots"
+
+
+def test_the_plot_text_check_sees_planted_faults(site, tmp_path):
+    import json
+    from html import unescape
+
+    page = next(p for p in html_pages(site) if PLOT.search(p.read_text(encoding="utf-8")))
+    text = page.read_text(encoding="utf-8")
+    plot = PLOT.search(text)
+    attrs = {a["name"]: unescape(a["value"]) for a in ATTR.finditer(plot["attrs"])}
+    name, n = attrs["data-result"], len(json.loads(attrs["data-spec"])["data"]["values"])
+    line = text.count("\n", 0, plot.start()) + 1
+    table = DETAILS.search(text, plot.end())[0]
+    short = re.sub(r"<tr>(?:(?!<tr>).)*</tr></tbody>", "</tbody>", table, count=1, flags=re.S)
+    plants = {  # a plot box without its text alternative; no table; a table a row short
+        "bare": text.replace(plot[0], re.sub(r' (role|aria-label)="[^"]*"', "", plot[0]), 1),
+        "no-table": text.replace(table, "", 1),
+        "short": text.replace(table, short, 1),
+    }
+    for folder, planted in plants.items():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "index.html").write_text(planted, encoding="utf-8")
+    where = f"index.html:{line}: plot {name!r}"
+    assert plot_text_errors(tmp_path) == [
+        f'bare/{where}: no role="img"',
+        f"bare/{where}: no aria-label describing its {n} data points",
+        f"no-table/{where}: no 数据表 disclosure after it",
+        f"short/{where}: its data table has {n - 1} rows for {n} data points",
+    ]
+
+
+# --------------------------------------------------------------------------- size budget
+# What a page makes a reader download of its own, besides the text: the site's own scripts
+# (docs/assets/*.js), inline <script>s, and the plot data (each data-spec JSON and its 数据表).
+# The vendored libraries (assets/vendor/: mermaid, KaTeX, Vega; Material's assets/javascripts/)
+# are pinned by package-lock.json and the theme, cached across pages, and counted apart.
+# PAGE_BUDGET is twice the largest page when it was set (docs/contributing.md says why).
+
+LARGEST_AT_SETTING = 34_228  # bytes: posts/precision-alignment/ (3 plots, 102 data points)
+PAGE_BUDGET = 2 * LARGEST_AT_SETTING
+SCRIPT = re.compile(r"<script\b(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
+SRC = re.compile(r'\bsrc="(?P<src>[^"]+)"')
+SPEC = re.compile(r'\bdata-spec="(?P<json>[^"]*)"')
+VENDORED = ("assets/vendor/", "assets/javascripts/")
+
+
+def page_weight(site: Path, path: Path) -> dict[str, int]:
+    """Bytes of one built page's own scripts, inline scripts, plot data, and (apart) vendored."""
+    from html import unescape
+
+    text = path.read_text(encoding="utf-8")
+    prefix = urlparse(own_root()).path  # 404.html links its assets from the site root
+    weight = dict.fromkeys(("scripts", "inline", "plot_data", "vendored"), 0)
+    for m in SCRIPT.finditer(text):
+        src = SRC.search(m["attrs"])
+        if not src:
+            weight["inline"] += len(m["body"].encode())
+            continue
+        url = src["src"].split("?")[0]
+        file = site / url[len(prefix) :] if url.startswith(prefix) else path.parent / url
+        rel = file.resolve().relative_to(site.resolve()).as_posix()
+        weight["vendored" if rel.startswith(VENDORED) else "scripts"] += file.stat().st_size
+    weight["plot_data"] = sum(len(unescape(m["json"]).encode()) for m in SPEC.finditer(text))
+    weight["plot_data"] += sum(len(m[0].encode()) for m in DETAILS.finditer(text))
+    return weight
+
+
+def own_root() -> str:
+    return re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text("utf-8"), re.M)[1]
+
+
+def budget_errors(site: Path, budget: int = PAGE_BUDGET) -> list[str]:
+    found = []
+    for path in sorted(site.rglob("*.html")):
+        w = page_weight(site, path)
+        own = w["scripts"] + w["inline"] + w["plot_data"]
+        if own > budget:
+            found.append(
+                f"{path.relative_to(site)}: {own} bytes of its own JavaScript and data (scripts "
+                f"{w['scripts']}, inline {w['inline']}, plot data {w['plot_data']}) is over the "
+                f"budget of {budget} bytes (vendored libraries, {w['vendored']} bytes, apart)"
+            )
+    return found
+
+
+def test_every_page_keeps_its_own_javascript_and_data_within_budget(site):
+    found = budget_errors(site)
+    assert not found, "\n".join(found)
+    guide = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
+    assert f"**{PAGE_BUDGET} 字节**" in guide, "docs/contributing.md states another page budget"
+
+
+def test_the_size_budget_sees_a_planted_heavy_page(site, tmp_path):
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "own.js").write_text("x" * 1000, encoding="utf-8")
+    (tmp_path / "assets" / "vendor").mkdir()
+    (tmp_path / "assets" / "vendor" / "lib.js").write_text("x" * 5000, encoding="utf-8")
+    (tmp_path / "p").mkdir()
+    spec = "{&quot;data&quot;: {&quot;values&quot;: [1, 2]}}"  # 28 bytes unescaped
+    (tmp_path / "p" / "index.html").write_text(
+        '<script src="../assets/own.js"></script><script src="../assets/vendor/lib.js"></script>'
+        f'<script>{"y" * 200}</script><div class="result-plot" data-spec="{spec}"></div>',
+        encoding="utf-8",
+    )
+    assert page_weight(tmp_path, tmp_path / "p" / "index.html") == {
+        "scripts": 1000, "inline": 200, "plot_data": 28, "vendored": 5000}  # fmt: skip
+    assert budget_errors(tmp_path, budget=1227) == [
+        "p/index.html: 1228 bytes of its own JavaScript and data (scripts 1000, inline 200, plot "
+        "data 28) is over the budget of 1227 bytes (vendored libraries, 5000 bytes, apart)"
+    ]
+    assert budget_errors(tmp_path, budget=1228) == []
+
+
 # --------------------------------------------------------------------------- downloads, page head
 # Each post offers its code as downloads/<slug>.py and .ipynb (hooks/downloads.py), and its head
 # says how long it reads and when its code was last verified (hooks/posts.py).

@@ -87,6 +87,37 @@ def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
     assert json.loads(unescape(payload)) == json.loads(json.dumps(spec))
 
 
+def test_a_plot_has_a_text_alternative_and_its_records_as_a_table(hook, results):
+    """role="img" with a description (kind, caption, axes with units, series, points) and a
+    "数据表" disclosure with one row per record; the roofline's own data is not a record."""
+    d = directive("plot", "rows: rows\ncaption: 两种实现\nroof: {bandwidth: copy_tb_s, "
+                          "peak: peak_tflops}\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative, scale: {type: log},"
+                          "      title: 强度 (FLOP/B)}\n"
+                          "  y: {field: ms, type: quantitative, title: 时间 (ms)}\n"
+                          "  color: {field: impl, type: nominal, title: 实现}\n")  # fmt: skip
+    html = hook.plot("demo", d, results, fake_page("posts/demo.md"), prov=False)
+    label = unescape(
+        re.search(r'<div class="result-plot" role="img" aria-label="([^"]*)"', html)[1]
+    )
+    assert label == (
+        "散点图：两种实现；横轴：强度 (FLOP/B)，对数刻度；纵轴：时间 (ms)；"
+        "按实现分 2 个系列（ours、a|b）；共 2 个数据点，数值见图下的“数据表”。"
+    )
+    table = re.search(r'<details class="result-data"><summary>(.*?)</summary>(.*)</details>', html)
+    assert table[1] == "数据表（2 行；括号内为去掉最快、最慢各一次后的范围）"
+    assert "<th>强度 (FLOP/B)</th><th>时间 (ms)</th><th>实现</th>" in table[2]
+    assert "<tr><td>300</td><td>1（0.98–1.03）</td><td>a|b</td></tr>" in table[2]
+    assert table[2].count("<tr>") == 3  # the head and one row per record
+    d = directive("plot", "rows: rows\ntransform: [{fold: [x, ms], as: [what, v]}]\nmark: line\n"
+                          "encoding:\n  x: {field: impl, type: nominal, title: 实现}\n"
+                          "  y: {field: v, type: quantitative, title: 值}\n"
+                          "  color: {field: what, type: nominal, title: 量}\n")  # fmt: skip
+    html = hook.plot("demo", d, results, fake_page("posts/demo.md"), prov=False)
+    assert "<th>实现</th><th>值：x</th><th>值：ms</th>" in html
+    assert "；横轴：实现，类别；纵轴：值；按量分 2 个系列（x、ms）；共 2 个数据点" in unescape(html)
+
+
 def test_numbers_show_their_range_and_claims_their_expression(hook):
     text = hook.number(VALUES["rows"][1]["ms"], ".2f")
     assert text.startswith(

@@ -220,6 +220,42 @@ def test_calculator_matches_python_on_shared_vectors(visitor):
     assert not problems, problems
 
 
+def test_a_plot_opens_as_its_data_table(visitor, site_dir):
+    """The first plot of the site, as a reader without the chart meets it: the box is an image
+    with a description, and its "数据表" disclosure opens to a table of one row per point."""
+    built = {
+        p: (site_dir / p / "index.html").read_text("utf-8") for p in checks.built_pages(site_dir)
+    }
+    pages = [p for p, html in built.items() if 'class="result-plot"' in html]
+    assert pages, "no page of the built site has a plot"
+    page, guard = visitor.open(pages[0])
+    problems = []
+    try:
+        box = page.locator(".result-plot").first
+        n = box.evaluate("(b) => JSON.parse(b.dataset.spec).data.values.length")
+        label = box.get_attribute("aria-label") or ""
+        if box.get_attribute("role") != "img" or f"共 {n} 个数据点" not in label:
+            problems.append(f"plot box: role {box.get_attribute('role')!r}, label {label!r}")
+        details = page.locator("details.result-data").first
+        table = details.locator("table")
+        if table.is_visible():
+            problems.append("the data table shows before its disclosure is opened")
+        details.locator("summary").click()
+        if not details.evaluate("(d) => d.open") or not table.is_visible():
+            problems.append("clicking 数据表 did not show the table")
+        rows = table.locator("tbody tr").count()
+        if rows != n:
+            problems.append(f"the table shows {rows} rows for {n} data points")
+        problems += guard.network_problems() + guard.console_problems()
+        if problems:
+            shot = visitor.screenshot(page, "plot-data-table.png", full_page=False)
+            pytest.fail(f"{pages[0]}: " + "; ".join(problems) + f" [screenshot: {shot}]")
+        details.scroll_into_view_if_needed()
+        visitor.screenshot(page, "plot-data-table.png", full_page=False)
+    finally:
+        page.close()
+
+
 HEAD_POST = "gradient-checkpointing"  # has GPU measurements and cells that need CUDA
 
 
