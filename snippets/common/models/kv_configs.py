@@ -2,8 +2,8 @@
 
 Each entry is a subset of the model's Hugging Face config.json (plain dict, as the formulas read
 it). Errors name the file and line:
-``data/kv_models.yaml:12: model 'opt-13b': field 'hidden_size': expected a positive int, got '5120'``.
-Qwen3 models are read from data/qwen3.yaml (snippets/common/models/qwen3_configs.py) by ``kv_config``.
+``data/kv_models.yaml:12: model 'opt-13b': field 'hidden_size': expected a positive int, got
+'5120'``. ``kv_config`` also reads the Qwen3 models of data/qwen3.yaml (qwen3_configs.py).
 """
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def load_kv_configs(path: Path | None = None) -> dict[str, dict]:
         config = {}
         for name, (k, v) in _mapping(path, fields["config"][1], model, "config").items():
             if name not in REQUIRED + OPTIONAL:
-                _fail(path, k, model, name, f"unknown field; known: {', '.join(REQUIRED + OPTIONAL)}")
+                _fail(
+                    path, k, model, name, f"unknown field; known: {', '.join(REQUIRED + OPTIONAL)}"
+                )
             value = yaml.safe_load(yaml.serialize(v))
             if type(value) is not int or value <= 0:
                 _fail(path, v, model, name, f"expected a positive int, got {v.value!r}")
@@ -75,8 +77,10 @@ def load_kv_configs(path: Path | None = None) -> dict[str, dict]:
                 _fail(path, fields["config"][0], model, "/".join(group), "give all or none")
         sources = fields["sources"][1]
         urls = yaml.safe_load(yaml.serialize(sources))
-        if not isinstance(urls, list) or not urls or not all(
-            isinstance(u, str) and u.startswith("https://") for u in urls
+        if (
+            not isinstance(urls, list)
+            or not urls
+            or not all(isinstance(u, str) and u.startswith("https://") for u in urls)
         ):
             _fail(path, sources, model, "sources", "expected a non-empty list of https:// URLs")
         out[model] = {"config": config, "sources": urls}
