@@ -115,7 +115,6 @@ opt_token = kv_bytes_per_token(opt, "fp16")
 opt_request = kv_bytes_per_sequence(opt, opt["max_position_embeddings"], "fp16")
 print(opt_token / 2**10, round(opt_request / 2**30, 1))  # KiB, GiB
 #> 800.0 1.6
-# > 800.0 1.6
 # --8<-- [end:vllm]
 
 # --8<-- [start:mla]
@@ -127,7 +126,6 @@ mla_same_format = 1 - kv_bytes_per_token(v2) / kv_bytes_per_token(dense_67b)
 gqa_groups = elements_per_token_layer(v2) / (2 * 128)  # V2 Table 1: like GQA with 2.25 groups
 print(f"{mla_deployed:.1%}", f"{mla_same_format:.1%}", gqa_groups)
 #> 93.3% 82.2% 2.25
-# > 93.3% 82.1% 2.25
 # --8<-- [end:mla]
 
 # --8<-- [start:sliding]
@@ -141,7 +139,6 @@ gemma_at_8k = kv_bytes_per_sequence(gemma, 8192) / kv_bytes_per_sequence(
 )
 print(rolling, gemma_at_8k)
 #> 8.0 0.75
-# > 8.0 0.75
 # --8<-- [end:sliding]
 
 # --8<-- [start:table]
@@ -162,7 +159,6 @@ for name in MODELS:
     })  # fmt: skip
 print(len(rows))
 #> 7
-# > 7
 # --8<-- [end:table]
 
 # --8<-- [start:qwen3]
@@ -180,7 +176,6 @@ step_ms = {
 }
 print(seqs_8k, tokens // 1000)
 #> 88 722
-# > 88 722
 # --8<-- [end:qwen3]
 
 computed_result(

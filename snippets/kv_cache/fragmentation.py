@@ -164,9 +164,6 @@ for name, run in runs.items():
     #> max-length 0.29 30
     #> pow2 0.41 41
     #> paged 0.98 82
-    # > max-length 0.17 32
-    # > pow2 0.44 80
-    # > paged 0.88 144
 # --8<-- [end:run]
 
 computed_result(

@@ -115,11 +115,9 @@ m.append(0)  # block 1 is shared and half full: copy-on-write
 m.append(1)  # now sequence 1 is block 1's only owner: it writes in place
 print(m.tables, m.copies, m.allocator.refs[:3])
 #> {0: [0, 2], 1: [0, 1]} [(1, 2)] [2, 1, 1]
-# > {0: [0, 2], 1: [0, 1]} [(1, 2)] [2, 1, 1]
 m.free(0)
 m.free(1)
 check_invariants(m)
 print(len(m.allocator.free))
 #> 8
-# > 8
 # --8<-- [end:demo]

@@ -115,7 +115,6 @@ for prompt in chat_trace(users=16, turns=4, system=1024, message=64, reply=128):
 hit_rate = hit_tokens / prompt_tokens
 print(round(hit_rate, 2))
 #> 0.87
-# > 0.87
 # --8<-- [end:run]
 
 # --8<-- [start:small]
@@ -127,7 +126,6 @@ for prompt in chat_trace(users=16, turns=4, system=1024, message=64, reply=128):
     small.release(blocks)
 print(round(small_hits / small_tokens, 2))
 #> 0.77
-# > 0.77
 # --8<-- [end:small]
 
 # --8<-- [start:memory]
@@ -139,7 +137,6 @@ shared_blocks = len({b for blocks in held for b in blocks})
 private_blocks = sum(len(blocks) for blocks in held)
 print(shared_blocks, private_blocks)
 #> 128 1088
-# > 128 1088
 # --8<-- [end:memory]
 
 computed_result(
