@@ -107,6 +107,8 @@ V2_MLA = "      hidden_size: 5120\n      kv_lora_rank: 512\n      qk_rope_head_d
         ("      hidden_size: 5120\n", "      hidden_size: '5120'\n", "expected a positive int"),
         ("      hidden_size: 5120\n", "      hidden_sise: 5120\n", "unknown field"),
         (V2_MLA, V2_MLA.replace("      qk_rope_head_dim: 64\n", ""), "give all or none"),
+        ("      num_hidden_layers: 40\n", "", "'num_hidden_layers': missing"),
+        ("      num_hidden_layers: 40\n", "      num_hidden_layers: [40\n", "malformed YAML"),
         ("      - https://huggingface.co/facebook", "      - http://huggingface.co/facebook", "https://"),
     ],
 )  # fmt: skip
@@ -119,7 +121,7 @@ def test_bad_data_names_file_line_and_field(tmp_path, old, new, message):
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
     with pytest.raises(KVDataError, match=message) as err:
         load_kv_configs(path)
-    assert str(err.value).startswith(f"{path}:") and "model '" in str(err.value)
+    assert str(err.value).startswith(f"{path}:")
 
 
 # ------------------------------------------------------------------ paged block manager
@@ -277,3 +279,19 @@ def test_referenced_blocks_are_never_evicted():
         assert all(cache.hash_of[b] in cache.by_hash for b in cache.hash_of)
     with pytest.raises(ValueError, match="double free"):
         cache.release([next(iter(cache.evictable))] if cache.evictable else [cache.empty[0]])
+
+
+def test_structure_check_reports_a_broken_kv_data_file(tmp_path):
+    from snippets.common.models.kv_configs import DEFAULT_PATH
+    from tests.structure import data_errors
+
+    text = DEFAULT_PATH.read_text(encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kv_models.yaml").write_text(
+        text.replace("      hidden_size: 5120\n", "      hidden_size: -1\n", 1), encoding="utf-8"
+    )
+    line = text[: text.index("      hidden_size: 5120\n")].count("\n") + 1
+    assert data_errors(tmp_path) == [
+        f"data/kv_models.yaml:{line}: model 'opt-13b': field 'hidden_size': "
+        "expected a positive int, got '-1'"
+    ]
