@@ -208,8 +208,9 @@ def asset_errors(root: Path) -> list[str]:
 
 
 def data_errors(root: Path) -> list[str]:
-    """The published data files load and validate (hardware, Qwen3 configs, taxonomy, glossary)."""
+    """The published data files load and validate (hardware, model configs, taxonomy, glossary)."""
     from snippets.common.hardware import HardwareDataError, load_hardware
+    from snippets.common.models.kv_configs import KVDataError, load_kv_configs
     from snippets.common.models.qwen3_configs import Qwen3DataError, load_qwen3_configs
     from snippets.common.taxonomy import DataError, load_glossary, load_taxonomy
 
@@ -224,6 +225,11 @@ def data_errors(root: Path) -> list[str]:
         try:
             load_qwen3_configs(data / "qwen3.yaml")
         except Qwen3DataError as exc:
+            errors.append(str(exc))
+    if (data / "kv_models.yaml").is_file():
+        try:
+            load_kv_configs(data / "kv_models.yaml")
+        except KVDataError as exc:
             errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:

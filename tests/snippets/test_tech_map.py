@@ -198,13 +198,17 @@ def test_glossary_latency_relations_hold_in_the_metrics_code(data):
 def test_glossary_mla_figure_follows_from_the_two_papers_configs(data):
     """DeepSeek-V2 (arXiv:2405.04434 §2.1.4, §3.1.2, §3.2.3) against DeepSeek 67B (arXiv:2401.02954,
     Table 2): the 93.3 % holds for V2's KV cache at 6 bits per element and 67B's at 16 bits."""
-    v2 = 60 * (512 + 64)  # layers x (d_c + d_h^R) cached elements per token
-    dense_67b = 95 * 2 * 8 * 128  # layers x (K and V) x KV heads x head dim
+    from snippets.common.models.kv_configs import kv_config
+    from snippets.kv_cache.formulas import elements_per_token_layer, kv_bytes_per_token
+
+    v2, dense_67b = kv_config("deepseek-v2"), kv_config("deepseek-llm-67b")  # data/kv_models.yaml
     text = data[1].by_id()["mla"].definition
-    assert f"{1 - v2 * 6 / (dense_67b * 16):.1%}" == "93.3%"
+    deployed = 1 - kv_bytes_per_token(v2, 6) / kv_bytes_per_token(dense_67b, "bf16")
+    assert f"{deployed:.1%}" == "93.3%"
     assert "V2 按 6 bit、67B 按 16 bit 计正好少 93.3%" in text
-    assert round(100 * (1 - v2 / dense_67b)) == 82 and "同按 16 bit 计只少约 82%" in text
-    assert (512 + 64) / (2 * 128) == 2.25 and "2.25 组" in text
+    same = 1 - kv_bytes_per_token(v2) / kv_bytes_per_token(dense_67b)
+    assert round(100 * same) == 82 and "同按 16 bit 计只少约 82%" in text
+    assert elements_per_token_layer(v2) / (2 * 128) == 2.25 and "2.25 组" in text
 
 
 def test_technique_named_like_a_term_uses_its_id(data):

@@ -1,0 +1,297 @@
+"""Unit tests for snippets/kv_cache/: formulas against published figures and hand counts, the
+block manager's invariants under random operation sequences, prefix caching and its LRU."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from snippets.common.models.kv_configs import KVDataError, kv_config, load_kv_configs
+from snippets.kv_cache.formulas import (
+    bytes_per_element,
+    decode_floor_s,
+    elements_per_token_layer,
+    kv_budget,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    layer_windows,
+    max_sequences,
+    max_tokens,
+)
+from snippets.kv_cache.fragmentation import Contiguous, Paged, Request, make_trace, simulate
+from snippets.kv_cache.paged import BlockManager, OutOfBlocks, check_invariants
+from snippets.kv_cache.prefix import PrefixCache, block_hashes
+
+# ------------------------------------------------------------------ formulas
+
+
+def test_mha_gqa_mqa_differ_only_by_kv_heads():
+    base = {"num_hidden_layers": 2, "num_attention_heads": 8, "hidden_size": 512}
+    mha = kv_bytes_per_token(base)
+    gqa = kv_bytes_per_token(dict(base, num_key_value_heads=2))
+    mqa = kv_bytes_per_token(dict(base, num_key_value_heads=1))
+    assert mha == 2 * 2 * 512 * 2  # layers x (K, V) x heads x head_dim x bf16
+    assert (mha / gqa, mha / mqa) == (4, 8)
+
+
+def test_explicit_head_dim_wins_over_hidden_over_heads():
+    gemma = kv_config("gemma-2-9b")  # 3584 / 16 = 224, but head_dim is 256
+    assert elements_per_token_layer(gemma) == 2 * 8 * 256
+
+
+def test_mla_caches_latent_plus_rope_key_for_v2_and_v3():
+    for name, layers in (("deepseek-v2", 60), ("deepseek-v3", 61)):
+        assert kv_bytes_per_token(kv_config(name), "bf16") == layers * (512 + 64) * 2
+
+
+def test_vllm_opt13b_figures():
+    """arXiv:2309.06180 §3: 2 x 5120 x 40 x 2 bytes = 800 KB per token; 2048 tokens: 1.6 GB."""
+    opt = kv_config("opt-13b")
+    assert kv_bytes_per_token(opt, "fp16") == 2 * 5120 * 40 * 2 == 800 * 2**10
+    assert round(kv_bytes_per_sequence(opt, 2048, "fp16") / 2**30, 1) == 1.6
+
+
+def test_deepseek_v2_reduction_needs_6_bits_against_bf16():
+    v2, d67 = kv_config("deepseek-v2"), kv_config("deepseek-llm-67b")
+    assert f"{1 - kv_bytes_per_token(v2, 6) / kv_bytes_per_token(d67):.1%}" == "93.3%"
+    assert f"{1 - kv_bytes_per_token(v2) / kv_bytes_per_token(d67):.1%}" != "93.3%"
+
+
+def test_sliding_windows_per_layer():
+    mistral, gemma = kv_config("mistral-7b-v0.1"), kv_config("gemma-2-9b")
+    assert set(layer_windows(mistral)) == {4096}
+    windows = layer_windows(gemma)  # transformers' Gemma2: layer_idx % 2 == 0 slides
+    assert windows[0::2] == [4096] * 21 and windows[1::2] == [None] * 21
+    assert kv_bytes_per_sequence(mistral, 100) == 100 * kv_bytes_per_token(mistral)
+    assert kv_bytes_per_sequence(mistral, 10**6) == kv_bytes_per_sequence(mistral, 4096)
+    assert kv_bytes_per_sequence(gemma, 0) == 0
+
+
+def test_quantized_formats_and_scale_overhead():
+    assert bytes_per_element("fp8") == bytes_per_element("int8") == 1
+    assert bytes_per_element("int4", group=64) == 0.5 + 2 / 64
+    assert bytes_per_element("int4", group=32, scale_bytes=4) == 0.5 + 4 / 32
+    for bad in ("fp7", 0, -4, True):
+        with pytest.raises(ValueError, match="unknown KV format"):
+            bytes_per_element(bad)
+    with pytest.raises(ValueError, match="group must be"):
+        bytes_per_element("int4", group=0)
+    with pytest.raises(ValueError, match="tokens must be"):
+        kv_bytes_per_sequence(kv_config("opt-13b"), -1)
+
+
+def test_capacity_and_decode_floor():
+    qwen3 = kv_config("qwen3-8b")  # 36 x 2 x 8 x 128 x 2 = 147456 bytes per token
+    budget = kv_budget(100e9, 16e9, 4e9, utilization=1.0)
+    assert budget == 80e9
+    assert max_tokens(budget, qwen3, block=16) == 80e9 // (16 * 147456) * 16
+    assert max_sequences(budget, qwen3, 1000) == int(80e9 // (1000 * 147456))
+    assert max_tokens(budget, qwen3, "fp8") >= 2 * max_tokens(budget, qwen3) - 16
+    assert decode_floor_s(10.0, [5.0, 5.0], bandwidth=4.0) == 5.0
+    with pytest.raises(ValueError, match="no room for a KV cache"):
+        kv_budget(10e9, 9e9, 1e9)
+
+
+def test_unknown_model_lists_known_ones():
+    with pytest.raises(KeyError, match=r"opt-13b.*qwen3-8b"):
+        kv_config("llama-9")
+
+
+V2_MLA = "      hidden_size: 5120\n      kv_lora_rank: 512\n      qk_rope_head_dim: 64\n"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("      hidden_size: 5120\n", "      hidden_size: '5120'\n", "expected a positive int"),
+        ("      hidden_size: 5120\n", "      hidden_sise: 5120\n", "unknown field"),
+        (V2_MLA, V2_MLA.replace("      qk_rope_head_dim: 64\n", ""), "give all or none"),
+        ("      num_hidden_layers: 40\n", "", "'num_hidden_layers': missing"),
+        ("      num_hidden_layers: 40\n", "      num_hidden_layers: [40\n", "malformed YAML"),
+        ("      - https://huggingface.co/facebook", "      - http://huggingface.co/facebook", "https://"),
+    ],
+)  # fmt: skip
+def test_bad_data_names_file_line_and_field(tmp_path, old, new, message):
+    from snippets.common.models.kv_configs import DEFAULT_PATH
+
+    text = DEFAULT_PATH.read_text(encoding="utf-8")
+    assert old in text
+    path = tmp_path / "kv_models.yaml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(KVDataError, match=message) as err:
+        load_kv_configs(path)
+    assert str(err.value).startswith(f"{path}:")
+
+
+# ------------------------------------------------------------------ paged block manager
+
+
+def test_fork_shares_and_append_copies_on_write():
+    m = BlockManager(num_blocks=4, block_size=4)
+    m.add(0, 4)  # one full block
+    m.fork(0, 1)
+    m.append(1)  # the shared block is full: a new block, no copy
+    assert m.copies == [] and m.tables == {0: [0], 1: [0, 1]}
+    m.append(0)
+    m.append(0)
+    assert m.copies == [] and m.tables[0] == [0, 2]
+    m.fork(0, 2)
+    m.append(2)  # block 2 is shared and half full: copy it
+    assert m.copies == [(2, 3)] and m.tables[2] == [0, 3]
+    check_invariants(m)
+    m.append(0)  # block 2 is sequence 0's alone again: written in place
+    m.append(0)
+    assert m.copies == [(2, 3)] and m.lengths[0] == 8
+    with pytest.raises(OutOfBlocks):
+        m.append(0)  # the next token needs a fifth block
+    check_invariants(m)
+
+
+def test_out_of_blocks_and_misuse_give_clear_errors():
+    m = BlockManager(num_blocks=2, block_size=4)
+    with pytest.raises(OutOfBlocks, match="needs 3 blocks, 2 free"):
+        m.add(0, 9)
+    assert m.allocator.free == [1, 0] and not m.tables  # all or nothing
+    m.add(0, 8)
+    with pytest.raises(OutOfBlocks, match="all 2 blocks are in use"):
+        m.append(0)
+    with pytest.raises(ValueError, match="already exists"):
+        m.add(0, 1)
+    m.free(0)
+    with pytest.raises(ValueError, match="double free"):
+        m.allocator.release(0)
+    with pytest.raises(ValueError, match="num_blocks must be positive"):
+        BlockManager(0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_operations_never_leak_or_share_wrongly(seed):
+    """Property test with seeded random operation sequences: after every operation each
+    block's count equals the tables holding it, the free list is exactly the unheld blocks,
+    and a shared block is never written (every append lands in a block its sequence owns)."""
+    rng = random.Random(seed)
+    m = BlockManager(num_blocks=rng.randint(4, 40), block_size=rng.choice([1, 2, 4, 16]))
+    next_id = 0
+    for _ in range(300):
+        op = rng.choice(["add", "append", "append", "fork", "free"])
+        seqs = list(m.tables)
+        try:
+            if op == "add" or not seqs:
+                m.add(next_id, rng.randint(0, 40))
+                next_id += 1
+            elif op == "append":
+                seq = rng.choice(seqs)
+                m.append(seq)
+                if m.lengths[seq] % m.block_size != 0 or m.block_size == 1:
+                    assert m.allocator.refs[m.tables[seq][-1]] == 1  # written block is private
+            elif op == "fork":
+                m.fork(rng.choice(seqs), next_id)
+                next_id += 1
+            else:
+                m.free(rng.choice(seqs))
+        except OutOfBlocks:
+            pass
+        check_invariants(m)
+    for seq in list(m.tables):
+        m.free(seq)
+    assert sorted(m.allocator.free) == list(range(len(m.allocator.refs)))
+
+
+# ------------------------------------------------------------------ fragmentation
+
+
+def test_trace_is_reproducible_and_bounded():
+    trace = make_trace(200, max_len=512, seed=3)
+    assert trace == make_trace(200, max_len=512, seed=3)
+    assert all(1 <= r.prompt <= 256 and r.output >= 1 and r.final <= 512 for r in trace)
+
+
+def test_shares_add_up_and_exact_reservation_wastes_nothing_inside():
+    trace = [Request(10, 20), Request(30, 5), Request(7, 7)] * 20
+    for pool in (Contiguous(128, lambda r: r.final), Paged(128, block_size=1)):
+        run = simulate(trace, pool, 128)
+        assert run["internal"] == 0
+        assert run["used"] + run["reserved"] + run["external"] <= 1
+    paged = simulate(trace, Paged(128, block_size=1), 128)
+    assert paged["reserved"] == 0  # blocks of one token: allocated only when written
+
+
+def test_max_length_reservation_wastes_more_than_paging():
+    trace = make_trace(100, max_len=256, seed=1)
+    contiguous = simulate(trace, Contiguous(1024, lambda r: 256), 1024)
+    paged = simulate(trace, Paged(1024, block_size=8), 1024)
+    assert contiguous["used"] < paged["used"] and contiguous["steps"] > paged["steps"]
+
+
+# ------------------------------------------------------------------ prefix caching
+
+
+def test_block_hash_depends_on_the_whole_prefix():
+    a = block_hashes([1, 2, 3, 4, 5, 6, 7], 2)
+    b = block_hashes([9, 2, 3, 4, 5, 6], 2)
+    assert len(a) == 3 and len(b) == 3  # only full blocks are hashed
+    assert a[1] != b[1]  # same block tokens [3, 4], different parents
+    assert block_hashes([1, 2, 3, 4], 2) == a[:2]
+
+
+def test_hit_then_divergence_then_lru_eviction():
+    cache = PrefixCache(num_blocks=4, block_size=2)
+    first, hit = cache.allocate([1, 2, 3, 4, 5])
+    assert hit == 0 and len(first) == 3
+    cache.release(first)
+    second, hit = cache.allocate([1, 2, 3, 4, 9, 9])
+    assert hit == 4 and second[:2] == first[:2]
+    third, hit = cache.allocate([1, 2, 7, 7])  # shares block 0 while `second` holds it
+    assert hit == 2 and cache.refs[first[0]] == 2
+    cache.release(second)
+    cache.release(third)
+    # evictable, least recently released first: [9, 9], [3, 4], [7, 7], [1, 2]
+    fresh, hit = cache.allocate([5, 5, 6, 6])  # no empty block left: evicts the two oldest
+    assert hit == 0 and sorted(fresh) == sorted([second[2], second[1]])
+    cache.release(fresh)
+    assert cache.allocate([1, 2, 7, 7])[1] == 4  # [1, 2] and [7, 7] survived
+    assert cache.allocate([1, 2, 3, 4])[1] == 2  # [3, 4] was evicted: recomputed
+    with pytest.raises(OutOfBlocks, match="referenced"):
+        cache.allocate([0] * 9)
+    assert sum(cache.refs) == 4  # the failed allocation returned what it took
+
+
+def test_referenced_blocks_are_never_evicted():
+    rng = random.Random(0)
+    cache = PrefixCache(num_blocks=16, block_size=2)
+    live = []
+    for _ in range(500):
+        if live and (rng.random() < 0.5 or len(live) > 4):
+            cache.release(live.pop(rng.randrange(len(live))))
+        else:
+            tokens = [rng.randrange(3) for _ in range(rng.randint(1, 7))]
+            try:
+                live.append(cache.allocate(tokens)[0])
+            except OutOfBlocks:
+                continue
+        held = [0] * 16
+        for blocks in live:
+            for b in blocks:
+                held[b] += 1
+        assert held == cache.refs
+        assert all(cache.refs[b] == 0 for b in cache.evictable)
+        assert all(cache.hash_of[b] in cache.by_hash for b in cache.hash_of)
+    with pytest.raises(ValueError, match="double free"):
+        cache.release([next(iter(cache.evictable))] if cache.evictable else [cache.empty[0]])
+
+
+def test_structure_check_reports_a_broken_kv_data_file(tmp_path):
+    from snippets.common.models.kv_configs import DEFAULT_PATH
+    from tests.structure import data_errors
+
+    text = DEFAULT_PATH.read_text(encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "kv_models.yaml").write_text(
+        text.replace("      hidden_size: 5120\n", "      hidden_size: -1\n", 1), encoding="utf-8"
+    )
+    line = text[: text.index("      hidden_size: 5120\n")].count("\n") + 1
+    assert data_errors(tmp_path) == [
+        f"data/kv_models.yaml:{line}: model 'opt-13b': field 'hidden_size': "
+        "expected a positive int, got '-1'"
+    ]
