@@ -123,7 +123,7 @@ print(opt_token / 2**10, round(opt_request / 2**30, 1))  # KiB, GiB
 v2, dense_67b = kv_config("deepseek-v2"), kv_config("deepseek-llm-67b")
 mla_deployed = 1 - kv_bytes_per_token(v2, 6) / kv_bytes_per_token(dense_67b, "bf16")
 mla_same_format = 1 - kv_bytes_per_token(v2) / kv_bytes_per_token(dense_67b)
-gqa_groups = elements_per_token_layer(v2) / (2 * 128)  # V2 Table 1: like GQA with 2.25 groups
+gqa_groups = elements_per_token_layer(v2) / (2 * v2["v_head_dim"])  # V2 Table 1: GQA, 2.25 groups
 print(f"{mla_deployed:.1%}", f"{mla_same_format:.1%}", gqa_groups)
 #> 93.3% 82.2% 2.25
 # --8<-- [end:mla]
@@ -148,7 +148,7 @@ CONTEXT = 32768
 rows = []
 for name in MODELS:
     cfg = kv_config(name)
-    n = min(CONTEXT, cfg.get("max_position_embeddings", CONTEXT))  # no longer than it was trained
+    n = min(CONTEXT, cfg.get("max_position_embeddings", CONTEXT))  # the config's position limit
     rows.append({
         "model": name,
         "context": n,

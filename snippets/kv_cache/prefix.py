@@ -15,7 +15,7 @@ from snippets.kv_cache.paged import OutOfBlocks
 def block_hashes(tokens: list[int], block_size: int) -> list[str]:
     """One hash per FULL block: h_i = H(h_{i-1}, tokens of block i). Equal hashes mean equal
     prefixes up to the block's end, not just equal blocks. (sha256: stable across processes,
-    unlike Python's hash; vLLM also uses sha256 when asked to.)"""
+    unlike Python's hash; vLLM's default prefix-caching hash is sha256 too.)"""
     hashes, parent = [], ""
     for i in range(len(tokens) // block_size):
         chunk = tokens[i * block_size : (i + 1) * block_size]

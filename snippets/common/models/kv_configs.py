@@ -20,6 +20,8 @@ OPTIONAL = (
     "head_dim",
     "kv_lora_rank",
     "qk_rope_head_dim",
+    "qk_nope_head_dim",
+    "v_head_dim",
     "sliding_window",
     "sliding_window_pattern",
     "max_position_embeddings",
