@@ -1,36 +1,34 @@
-"""The harness's CPU-side logic: splitting profiler spans into repeats, tracing its calls."""
+"""The harness's CPU-side logic: splitting profiler spans into runs, tracing its calls."""
 
 import inspect
 
 import pytest
 
 from snippets.common import bench
-from snippets.common.bench import MARKER, split_repeats
+from snippets.common.bench import SENTINEL, split_runs
+
+SPIN = f"at::cuda::(anonymous namespace)::{SENTINEL}(long)"  # as the profiler names it
 
 
-def span(name, gpu, start, end):
-    return (name, gpu, start, end)
-
-
-def test_kernels_go_to_the_repeat_whose_gpu_marker_they_start_in():
-    spans = [span(f"{MARKER}0", True, 0, 100), span(f"{MARKER}1", True, 200, 300),
-             span(f"{MARKER}0", False, -50, 90),  # the CPU's copy: ignored when the GPU's exists
-             span("gemm", True, 10, 40), span("relu", True, 50, 60),
-             span("gemm", True, 210, 250), span("relu", True, 260, 272)]  # fmt: skip
-    sums = split_repeats(spans, 2, lambda n: n)
+def test_kernels_go_to_the_run_of_the_sentinel_before_them():
+    spans = [(SPIN, 0, 1), ("gemm", 10, 40), ("relu", 50, 60),
+             (SPIN, 200, 201), ("gemm", 210, 250), ("relu", 260, 272)]  # fmt: skip
+    sums = split_runs(spans[::-1], 2, lambda n: n)  # in any order: sorted by start
     assert sums == [{"gemm": [0.03, 1], "relu": [0.01, 1]}, {"gemm": [0.04, 1], "relu": [0.012, 1]}]
 
 
-def test_unaligned_clocks_fall_back_to_splitting_in_order():
-    spans = [span(f"{MARKER}0", False, 0, 10), span(f"{MARKER}1", False, 10, 20)]
-    spans += [span("k", True, 1000 + 10 * i, 1005 + 10 * i) for i in range(4)]
-    assert split_repeats(spans, 2, lambda n: None) == [{None: [0.01, 2]}, {None: [0.01, 2]}]
+def test_runs_of_different_callables_keep_their_own_kernels():
+    spans = [(SPIN, 0, 1), ("a", 5, 10), (SPIN, 20, 21), ("b", 25, 45), ("b", 50, 70)]
+    assert split_runs(spans, 2, lambda n: None) == [{None: [0.005, 1]}, {None: [0.04, 2]}]
 
 
-def test_kernels_that_do_not_divide_into_repeats_raise():
-    spans = [span("k", True, i, i + 1) for i in range(3)]
-    with pytest.raises(RuntimeError, match="cannot split 3 kernels into 2 repeats"):
-        split_repeats(spans, 2, lambda n: None)
+def test_a_lost_sentinel_or_an_empty_run_raises():
+    with pytest.raises(RuntimeError, match="1 sentinel kernels for 2 runs"):
+        split_runs([(SPIN, 0, 1), ("k", 5, 6)], 2, lambda n: None)
+    with pytest.raises(RuntimeError, match=r"run\(s\) \[1\] launched no CUDA kernel"):
+        split_runs([(SPIN, 0, 1), ("k", 5, 6), (SPIN, 10, 11)], 2, lambda n: None)
+    with pytest.raises(RuntimeError, match="'k' ran before the first run's sentinel"):
+        split_runs([("k", 0, 1), (SPIN, 5, 6)], 1, lambda n: None)
 
 
 def test_harness_calls_are_traced_with_their_call_site(monkeypatch, tmp_path):

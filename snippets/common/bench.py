@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import math
 import os
 import sys
@@ -116,70 +117,66 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     return Stat.of(samples, "gpu-graph")
 
 
-def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
-    """Per repeat of `calls` calls: {class: [microseconds, kernels]} of the CUDA kernels (and
-    copies) the calls launched, read by CUPTI through torch.profiler."""
+def _profile(runs) -> list[tuple]:
+    """Run `runs` [(fn, calls)] in order inside one torch.profiler session, each run starting
+    with a sentinel kernel (torch.cuda._sleep's spin_kernel, a few cycles) and ending in a
+    synchronize; return the spans (name, start_ns, end_ns) of the CUDA kernels (and copies).
+    The sentinels, not profiler markers, split the kernels into runs: with only the CUDA
+    activity on, torch.profiler records no CPU-side marker at all."""
     torch.cuda.synchronize()
     cuda = torch.profiler.ProfilerActivity.CUDA
     t0 = time.perf_counter()
     with _quiet(), torch.profiler.profile(activities=[cuda]) as prof:
         t1 = time.perf_counter()
-        for i in range(repeats):
-            with torch.profiler.record_function(f"{MARKER}{i}"):
-                for _ in range(calls):
-                    fn()
-                torch.cuda.synchronize()
+        for fn, calls in runs:
+            torch.cuda._sleep(1)
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
         t2 = time.perf_counter()
     # the raw events: prof.events() would build a Python object per event, ~50 us each
     gpu = torch.autograd.DeviceType.CUDA
     names: dict[str, str] = {}  # demangled, as prof.events() names them
     spans = []
     for e in prof.profiler.kineto_results.events():
-        name, on_gpu = e.name(), e.device_type() == gpu
         hidden = getattr(e, "is_hidden_event", lambda: False)()  # absent in some builds
-        if hidden or not (on_gpu or name.startswith(MARKER)):
+        if hidden or e.device_type() != gpu:
             continue
+        name = e.name()
         if name not in names:
             names[name] = torch._C._demangle(name) if len(name) > 1 else name
-        spans.append((names[name], on_gpu, e.start_ns(), e.end_ns()))
+        spans.append((names[name], e.start_ns(), e.end_ns()))
     # the profiler's own cost, apart from the timed calls: starting, stopping, reading events
     _trace((t1 - t0) + (time.perf_counter() - t2), "(profiler start, stop, events)", "bench.py")
-    return split_repeats(spans, repeats, classify)
+    return spans
 
 
-MARKER = "handbook_repeat_"
+SENTINEL = "spin_kernel"  # the kernel of torch.cuda._sleep
 
 
-def split_repeats(spans, repeats: int, classify) -> list[dict]:
-    """Sums per repeat from profiler spans (name, on_gpu, start_ns, end_ns): each GPU span
-    belongs to the repeat whose marker range it started in (the GPU's copy of the marker if
-    there is one); if the ranges do not line up, and every repeat launched the same kernels,
-    they are split in order."""
-    marks = [s for s in spans if s[0].startswith(MARKER)]
-    on_gpu = [s for s in marks if s[1]]
-    ranges = sorted((s[2], s[3]) for s in (on_gpu or marks))
-    kernels = sorted((s for s in spans if s[1] and not s[0].startswith(MARKER)),
-                     key=lambda s: s[2])  # fmt: skip
-    sums: list[dict] = [{} for _ in range(repeats)]
-    for name, _, start, end in kernels:
-        i = next((i for i, (lo, hi) in enumerate(ranges) if lo <= start <= hi), None)
-        if i is None or len(ranges) != repeats:
-            break
-        cell = sums[i].setdefault(classify(name), [0.0, 0])
+def split_runs(spans, runs: int, classify) -> list[dict]:
+    """Per run, {class: [microseconds, kernels]} from kernel spans (name, start_ns, end_ns):
+    a kernel belongs to the run of the latest sentinel that started before it."""
+    sums: list[dict] = []
+    for name, start, end in sorted(spans, key=lambda s: s[1]):
+        if SENTINEL in name:
+            sums.append({})
+            continue
+        if not sums:
+            raise RuntimeError(f"kernel_ms: kernel {name!r} ran before the first run's sentinel")
+        cell = sums[-1].setdefault(classify(name), [0.0, 0])
         cell[0] += (end - start) / 1e3
         cell[1] += 1
-    else:
-        if all(sums):
-            return sums
-    if not kernels or len(kernels) % repeats:  # clocks not aligned, nor the same kernels a repeat
-        raise RuntimeError(f"kernel_ms: cannot split {len(kernels)} kernels into {repeats} repeats")
-    per = len(kernels) // repeats
-    sums = [{} for _ in range(repeats)]
-    for k, (name, _, start, end) in enumerate(kernels):
-        cell = sums[k // per].setdefault(classify(name), [0.0, 0])
-        cell[0] += (end - start) / 1e3
-        cell[1] += 1
+    if len(sums) != runs:
+        raise RuntimeError(f"kernel_ms: {len(sums)} sentinel kernels for {runs} runs: "
+                           "the profiler lost events")  # fmt: skip
+    if empty := [i for i, s in enumerate(sums) if not s]:
+        raise RuntimeError(f"kernel_ms: run(s) {empty} launched no CUDA kernel")
     return sums
+
+
+def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
+    return split_runs(_profile([(fn, calls)] * repeats), repeats, classify)
 
 
 @_traced
@@ -193,6 +190,23 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
     calls = calls or _calls_for(fn, target_ms, 1000)
     sums = _kernel_sums(fn, repeats, calls, lambda name: None)
     return Stat.of([s[None][0] / calls / 1e3 for s in sums], "gpu-kernels")
+
+
+@_traced
+def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
+                   target_ms: float = 10.0, warmup: int = 2) -> list[Stat]:  # fmt: skip
+    """kernel_ms of several callables in one profiler session (a session costs about 0.4 s to
+    start, stop and read on the H200 machine): repeat i of each callable in turn, then repeat
+    i + 1, so a change of the GPU's clocks reaches all of them alike."""
+    fns = list(fns)
+    for fn in fns:
+        for _ in range(warmup):
+            fn()
+    per = [calls or _calls_for(fn, target_ms, 1000) for fn in fns]
+    runs = [(fn, c) for _ in range(repeats) for fn, c in zip(fns, per, strict=True)]
+    sums = split_runs(_profile(runs), len(runs), lambda name: None) if runs else []
+    return [Stat.of([sums[i * len(fns) + k][None][0] / c / 1e3 for i in range(repeats)],
+                    "gpu-kernels") for k, c in enumerate(per)]  # fmt: skip
 
 
 @_traced
@@ -232,13 +246,35 @@ def python_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int | None = None,
     return Stat.of(samples, "python")
 
 
+CEILINGS_ENV = "HANDBOOK_CEILINGS"  # set by gpu_docs: one file of ceilings for its whole run
+
+
 @functools.cache
-@_traced
 def ceilings() -> dict[str, Stat]:
     """Practical ceilings, measured in this run: copy bandwidth (bytes read + written per
     second, 1 GiB buffers, far larger than the L2) and bf16 matmul FLOP/s (8192^3, random
-    data, never zeros). Two seconds of matmuls first take the clocks out of their idle state;
-    repeats of 100 ms average out the clock changes of a power-limited GPU."""
+    data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) the first post that asks measures
+    them and the later posts of the same run read that file: one GPU, one run, one pair of
+    ceilings (measuring them costs about 4.5 s a post)."""
+    shared = os.environ.get(CEILINGS_ENV)
+    if shared and os.path.exists(shared):
+        with open(shared, encoding="utf-8") as f:
+            stored = json.load(f)
+        return {k: Stat(v["median"], v["lo"], v["hi"], v["n"], v.get("clock"), derived=True)
+                for k, v in stored.items()}  # fmt: skip
+    found = _measure_ceilings()
+    if shared:
+        tmp = f"{shared}.{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({k: v.to_json() for k, v in found.items()}, f)
+        os.replace(tmp, shared)
+    return found
+
+
+@_traced
+def _measure_ceilings() -> dict[str, Stat]:
+    """Two seconds of matmuls first take the clocks out of their idle state; repeats of 100 ms
+    average out the clock changes of a power-limited GPU."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     t0 = time.perf_counter()

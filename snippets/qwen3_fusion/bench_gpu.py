@@ -2,7 +2,7 @@
 
 import torch
 
-from snippets.common.bench import ceilings, kernel_ms
+from snippets.common.bench import ceilings, kernel_ms_each
 from snippets.common.models.qwen3 import QWEN3_8B
 from snippets.common.results import write_result
 from snippets.qwen3_fusion.measure import (
@@ -16,12 +16,12 @@ from snippets.qwen3_fusion.measure import (
 BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16
 
 
-def gpu_time(fn):  # the kernels' own time, summed (CUPTI); about 100 ms of calls per repeat
-    return kernel_ms(fn, target_ms=100.0)  # matmul times move with power-limited clocks
+def gpu_times(fns):  # the kernels' own time, summed (CUPTI), in one profiler session;
+    return kernel_ms_each(fns, target_ms=100.0)  # 100 ms a repeat: power-limited clocks move
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
-ops = per_op_table(QWEN3_8B, BATCH, SEQ, "cuda", DTYPE, gpu_time, ceil)
+ops = per_op_table(QWEN3_8B, BATCH, SEQ, "cuda", DTYPE, gpu_times, ceil)
 classes = profile_step(layer_step(QWEN3_8B, BATCH, SEQ, "cuda", DTYPE))
 layer_ms = sum(c["ms"] for c in classes)  # the layer's kernel time per step
 by_op = {r["op"]: r for r in ops}

@@ -86,18 +86,22 @@ def op_key(name: str) -> str:
 
 
 def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
-    """One row per operator of layer_ops (the two identical residual adds once): timer(fn) ->
-    Stat of its forward and backward, against the accounting. An identity backward launches
-    no kernel of its own: its time and bandwidth are None."""
+    """One row per operator of layer_ops (the two identical residual adds once): timer(fns) ->
+    one Stat per callable, of each forward and backward, against the accounting. An identity
+    backward launches no kernel of its own: its time and bandwidth are None."""
     runners = op_runners(cfg, batch, seq, device, dtype)
     copy = ceilings["copy_bytes_per_s"]
-    rows = []
+    ops, seen = [], set()
     for fwd_op, bwd_op in layer_ops(cfg, batch, seq):
-        if any(r["op"] == op_key(fwd_op.name) for r in rows):
-            continue
-        fwd, bwd = runners[fwd_op.name]
-        t_fwd = timer(fwd)
-        t_bwd = timer(bwd) if bwd_op.bytes else None
+        if op_key(fwd_op.name) not in seen:
+            seen.add(op_key(fwd_op.name))
+            ops.append((fwd_op, bwd_op))
+    timed = [(runners[f.name][0], f) for f, _ in ops]
+    timed += [(runners[f.name][1], b) for f, b in ops if b.bytes]
+    stats = dict(zip((id(op) for _, op in timed), timer([fn for fn, _ in timed]), strict=True))
+    rows = []
+    for fwd_op, bwd_op in ops:
+        t_fwd, t_bwd = stats[id(fwd_op)], stats.get(id(bwd_op))
         rows.append(
             {
                 "idx": len(rows) + 1,

@@ -2,11 +2,10 @@
 torch.compile and Liger Kernel (when installed); writes results/triton-kernels/*.json."""
 
 import math
-import time
 
 import torch
 
-from snippets.common.bench import ceilings, kernel_ms, python_ms
+from snippets.common.bench import ceilings, kernel_ms_each
 from snippets.common.results import write_result
 from snippets.triton_kernels.measure import (
     IMPLS,
@@ -35,30 +34,22 @@ LOSS_VARIANTS = [  # (implementation, (chunk rows, dW accumulator) for ours)
 ]
 
 
-def gpu_time(fn):  # the kernels' own time, summed (CUPTI); about 10 ms of calls per repeat
-    return kernel_ms(fn, target_ms=10.0)
+def gpu_times(fns):  # the kernels' own time, summed (CUPTI), all in one profiler session
+    return kernel_ms_each(fns, target_ms=10.0)  # about 10 ms of calls per repeat
 
 
-def python_time(fn):  # wall clock from Python, CPU overhead included; about 60 ms per repeat
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 1.0:  # calls first: the profiler just stopped, CPU clocks
-        fn()  # and background threads settle before the timed repeats
-    # 21 repeats: with 15 of 40 ms, four ops spread ±7-14 % on the H200 machine's shared CPU
-    return python_ms(fn, target_ms=60.0, repeats=21)
-
-
-def loss_time(fn):  # one call of the loss is tens of ms of matmuls: two calls per repeat
-    return kernel_ms(fn, calls=2)
+def loss_times(fns):  # one call of the loss is tens of ms of matmuls: two calls per repeat
+    return kernel_ms_each(fns, calls=2)
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
 copy = ceil["copy_bytes_per_s"]
 impls = implementations(IMPLS, SHAPES.hidden, SHAPES.eps)
-ops, fwdbwd = measure_ops(SHAPES, "cuda", DTYPE, gpu_time, python_time, copy, impls)
-rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_time, copy, ROWS_CHOICES)
+ops, fwdbwd = measure_ops(SHAPES, "cuda", DTYPE, gpu_times, copy, impls)
+rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_times, copy, ROWS_CHOICES)
 no_recompile = {name: fns for name, fns in impls.items() if name in ("ours", "liger")}  # H varies
-sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, gpu_time, copy, no_recompile)
-loss = measure_loss(SHAPES, "cuda", DTYPE, loss_time, ceil["bf16_matmul_flop_per_s"], impls,
+sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, gpu_times, copy, no_recompile)
+loss = measure_loss(SHAPES, "cuda", DTYPE, loss_times, ceil["bf16_matmul_flop_per_s"], impls,
                     peak_bytes_cuda, LOSS_VARIANTS)  # fmt: skip
 # --8<-- [end:run]
 

@@ -1,7 +1,7 @@
 """Benchmark functions: byte models, runners for ours / eager / torch.compile / Liger Kernel.
 
 Functions only; bench_gpu.py runs them on the GPU at Qwen3-8B shapes with the clocks of
-snippets/common/bench.py (kernel_ms, python_ms), which come in as arguments: on the CPU they
+snippets/common/bench.py (kernel_ms_each), which come in as arguments: on the CPU they
 run at tiny shapes (tests/snippets/test_triton_kernels.py) with stand-in clocks.
 """
 
@@ -178,46 +178,44 @@ def runners(fn, leaves, extra):
 
 
 # --8<-- [start:measure]
-def measure_ops(s: Shapes, device, dtype, kernel_time, python_time, copy_bytes_per_s, impls,
-                ops=OPS):  # fmt: skip
+def measure_ops(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, impls, ops=OPS):
     """Two lists of rows. `ops`: one row per (operator, implementation), the kernels' own time of
-    the forward and of the backward (kernel_time: kernel_ms on the GPU) and their fractions of
-    the copy bandwidth. `fwdbwd`: one row per operator, forward + backward of each
-    implementation (the sum of its two timings), and ours as called from Python (python_time:
-    python_ms), as in eager training: CPU overhead counts whenever the GPU waits for it."""
+    the forward and of the backward (kernel_times: kernel_ms_each on the GPU, one list of
+    callables in, one Stat each out) and their fractions of the copy bandwidth. `fwdbwd`: one
+    row per operator, forward + backward of each implementation (the sum of its two timings)."""
     elem = torch.finfo(dtype).bits // 8
-    rows, fwdbwd = [], []
+    cases = []  # (op, implementation, forward, backward)
     for op in ops:
-        fwd_bytes, bwd_bytes = byte_model(op, s, elem)
-        both_row = {"op": op}
         for name, fns in impls.items():
             leaves, extra = op_inputs(op, s, device, dtype)
-            forward, backward, both = runners(fns[op], leaves, extra)
-            fwd, bwd = kernel_time(forward), kernel_time(backward)
-            rows.append({"op": op, "impl": name, "fwd_ms": fwd, "bwd_ms": bwd,
-                         "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
-                         "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s})  # fmt: skip
-            both_row[name] = fwd + bwd
-            if name == "ours":
-                both_row["ours_python"] = python_time(both)
-            del leaves, extra, forward, backward, both
-        fwdbwd.append(both_row)
-    return rows, fwdbwd
+            cases.append((op, name, *runners(fns[op], leaves, extra)[:2]))
+    times = iter(kernel_times([fn for case in cases for fn in case[2:]]))
+    rows, fwdbwd = [], {}
+    for op, name, *_ in cases:
+        fwd_bytes, bwd_bytes = byte_model(op, s, elem)
+        fwd, bwd = next(times), next(times)
+        rows.append({"op": op, "impl": name, "fwd_ms": fwd, "bwd_ms": bwd,
+                     "fwd_of_copy": rate(fwd_bytes, fwd) / copy_bytes_per_s,
+                     "bwd_of_copy": rate(bwd_bytes, bwd) / copy_bytes_per_s})  # fmt: skip
+        fwdbwd.setdefault(op, {"op": op})[name] = fwd + bwd
+    return rows, list(fwdbwd.values())
 
 
-def sweep_rows_per_program(s: Shapes, device, dtype, kernel_time, copy_bytes_per_s, choices):
+def sweep_rows_per_program(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, choices):
     """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
     flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
     elem = torch.finfo(dtype).bits // 8
     t, h = s.tokens, s.hidden
-    rows = []
+    backwards = []
     for per in choices:
         leaves, extra = op_inputs("rmsnorm", s, device, dtype)
 
         def norm(x, w, eps, per=per):
             return RMSNormFunction.apply(x, w, eps, None, per)
 
-        ms = kernel_time(runners(norm, leaves, extra)[1])
+        backwards.append(runners(norm, leaves, extra)[1])
+    rows = []
+    for per, ms in zip(choices, kernel_times(backwards), strict=True):
         programs = -(-t // per)
         rows.append({"rows_per_program": per, "programs": programs,
                      "partial_mb": 2 * programs * h * 4 / 1e6, "bwd_ms": ms,
@@ -225,22 +223,23 @@ def sweep_rows_per_program(s: Shapes, device, dtype, kernel_time, copy_bytes_per
     return rows
 
 
-def sweep_rmsnorm(hiddens, tokens, device, dtype, kernel_time, copy_bytes_per_s, impls):
+def sweep_rmsnorm(hiddens, tokens, device, dtype, kernel_times, copy_bytes_per_s, impls):
     """RMSNorm forward + backward over hidden sizes: kernel time and fraction of the copy
     bandwidth per implementation (columns <impl>_ms, <impl>_of_copy)."""
     elem = torch.finfo(dtype).bits // 8
-    rows = []
+    cases = []  # (hidden, implementation, forward + backward)
     for h in hiddens:
         s = Shapes(batch=1, seq=tokens, hidden=h)
-        row = {"hidden": h}
-        nbytes = sum(byte_model("rmsnorm", s, elem))
         for name, fns in impls.items():
             leaves, extra = op_inputs("rmsnorm", s, device, dtype)
-            ms = kernel_time(runners(fns["rmsnorm"], leaves, extra)[2])
-            row[f"{name}_ms"] = ms
-            row[f"{name}_of_copy"] = rate(nbytes, ms) / copy_bytes_per_s
-        rows.append(row)
-    return rows
+            cases.append((h, name, runners(fns["rmsnorm"], leaves, extra)[2]))
+    rows = {}
+    for (h, name, _), ms in zip(cases, kernel_times([c[2] for c in cases]), strict=True):
+        nbytes = sum(byte_model("rmsnorm", Shapes(batch=1, seq=tokens, hidden=h), elem))
+        row = rows.setdefault(h, {"hidden": h})
+        row[f"{name}_ms"] = ms
+        row[f"{name}_of_copy"] = rate(nbytes, ms) / copy_bytes_per_s
+    return list(rows.values())
 
 
 def loss_variant(chunk_rows, dw_dtype):
@@ -253,7 +252,8 @@ def loss_variant(chunk_rows, dw_dtype):
 DW_ACCUM = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
-def measure_loss(s: Shapes, device, dtype, kernel_time, matmul_flop_per_s, impls, memory, variants):
+def measure_loss(s: Shapes, device, dtype, kernel_times, matmul_flop_per_s, impls, memory,
+                 variants):  # fmt: skip
     """Linear + cross-entropy, forward + backward: time, matmul-throughput fraction, and peak
     memory beyond the inputs and the two gradients every implementation returns (dh, dW), as a
     fraction of the bf16 logits. `variants`: (implementation, options), options = (chunk
@@ -265,7 +265,7 @@ def measure_loss(s: Shapes, device, dtype, kernel_time, matmul_flop_per_s, impls
     h.requires_grad_(), w.requires_grad_()
     logits_bytes = s.tokens * s.vocab * torch.finfo(dtype).bits // 8
     grads_bytes = (h.numel() + w.numel()) * torch.finfo(dtype).bits // 8
-    rows = []
+    cases = []  # (implementation, options, forward + backward)
     for name, options in variants:
         if name not in impls:
             continue
@@ -274,7 +274,10 @@ def measure_loss(s: Shapes, device, dtype, kernel_time, matmul_flop_per_s, impls
         def both(fn=fn):
             return torch.autograd.grad(fn(h, w, y), (h, w))
 
-        ms = kernel_time(both)  # first: compiles what needs compiling
+        cases.append((name, options, both))
+    times = kernel_times([c[2] for c in cases])  # first: compiles what needs compiling
+    rows = []
+    for (name, options, both), ms in zip(cases, times, strict=True):
         extra = memory(both) - grads_bytes
         row = {"impl": name}
         if options:

@@ -102,6 +102,9 @@ def test_microbatch_mean_equals_big_batch_when_counts_are_equal():
 
 
 @pytest.mark.slow  # two processes that import torch: nox -s tests and CI run it, check does not
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="gloo on the CPU: the CPU suite covers it (nox -s tests)"
+)
 def test_ddp_token_mean_is_the_full_batch_mean_only_with_global_count_times_world():
     """Two gloo ranks, k = 3, 19 against 5 real tokens, one micro-batch without any.
 

@@ -233,10 +233,11 @@ def test_measurement_code_runs_at_tiny_shapes():
 
     calls = []
 
-    def timer(fn):
-        fn()
-        calls.append(fn)
-        return stand_in(1.0)
+    def timer(fns):  # as kernel_ms_each: a list of callables in, one timing each out
+        for fn in fns:
+            fn()
+            calls.append(fn)
+        return [stand_in(1.0) for _ in fns]
 
     ceilings = {"copy_bytes_per_s": stand_in(1e12), "bf16_matmul_flop_per_s": stand_in(1e15)}
     rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32, timer, ceilings)
@@ -268,8 +269,8 @@ def test_measurements_are_recordable(monkeypatch):
 
     monkeypatch.setattr(res, "provenance", lambda *a, **k: {})
     ceilings = {"copy_bytes_per_s": stand_in(1e12), "bf16_matmul_flop_per_s": stand_in(1e15)}
-    rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32, lambda f: stand_in(1.0),
-                                ceilings)  # fmt: skip
+    rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32,
+                                lambda fns: [stand_in(1.0) for _ in fns], ceilings)  # fmt: skip
     by_name = {r["op"]: r for r in rows}
     ranked = measure.fusion_candidates(q3.TINY, 2, 8, by_name, stand_in(1e12), stand_in(20.0))
     bench = res.ROOT / "snippets" / "qwen3_fusion" / "bench_gpu.py"
