@@ -143,7 +143,7 @@ def gpu_docs(session: nox.Session) -> None:
 
     `nox -s gpu_docs`                   posts whose results are stale or missing, plus every
                                         CUDA-only test of the others
-    `-- <slug>...` / `-- --all`         these posts / every post
+    `-- <slug>...` / `-- --all`         these posts / every post and every CUDA-only test
     `-- --shard i/n`                    the i-th of n shares of the chosen posts
     `-- --verify <slug>...`             measure into a scratch folder, leave results/ alone, and
                                         print whether each claim holds on this machine
@@ -226,7 +226,7 @@ def gpu_docs(session: nox.Session) -> None:
         rows.append((slug, wall, n_claims, "; ".join(problems) or "ok"))
         failed += [slug] if problems else []
         shutil.rmtree(cold, ignore_errors=True)
-    if not every and not shard and not session.posargs:  # the CUDA-only tests of the others
+    if not shard and (every or not session.posargs):  # the CUDA-only tests of the others
         others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
                   if not any(p == markup.test_file_of(ROOT, s) for s in slugs)
                   and "e2e" not in p.parts]  # fmt: skip

@@ -36,12 +36,20 @@ def test_kernel_ms_sums_every_kernel_of_a_call():
     assert 2.5 < three.median / one.median < 3.5
 
 
-def test_ceilings_are_plausible_for_an_h200():
-    from snippets.common.bench import ceilings
+def test_ceilings_sit_below_the_datasheet_and_near_it():
+    """A ceiling above the datasheet is a wrong byte or FLOP count; one far below it is the
+    wrong path: copy_ captured in a graph runs on the copy engine at about 0.56 of the H200's
+    HBM bandwidth, and kernels then reached 1.4x that "ceiling". An SM copy and a large
+    matmul on a power-limited H200 reach roughly 0.8-0.9 and 0.7 of their datasheet peaks."""
+    import torch
 
+    from snippets.common.bench import ceilings
+    from snippets.common.hardware import gpu_for_device_name
+
+    gpu = gpu_for_device_name(torch.cuda.get_device_name())
     c = ceilings()
-    assert 3.0e12 < c["copy_bytes_per_s"].median < 5.0e12
-    assert 4.0e14 < c["bf16_matmul_flop_per_s"].median < 1.0e15
+    assert 0.7 < c["copy_bytes_per_s"].median / (gpu.hbm_tb_per_s * 1e12) < 1.0
+    assert 0.5 < c["bf16_matmul_flop_per_s"].median / (gpu.bf16_dense_tflops * 1e12) < 1.0
 
 
 def test_kernel_ms_by_splits_a_call_by_kernel_class():

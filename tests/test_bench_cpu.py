@@ -49,3 +49,34 @@ def test_harness_calls_are_traced_with_their_call_site(monkeypatch, tmp_path):
     seconds, name, where = trace.read_text(encoding="utf-8").strip().split("\t")
     assert float(seconds) >= 0 and name == "demo_ms"
     assert where.endswith(f"test_bench_cpu.py:{line}")
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_kernel_ms_each_gives_each_callable_its_own_runs(monkeypatch, interleave):
+    """Runs go to the profiler in turn (interleave) or callable by callable; either way each
+    Stat is built from its own callable's runs. A fake profiler: callable k's kernel takes
+    (k + 1) ms in repeat i, plus i microseconds."""
+    order = []
+
+    def fake_profile(runs):
+        spans, t = [], 0
+        for fn, calls in runs:
+            k, i = fn.k, sum(1 for f in order if f == fn.k)
+            order.append(k)
+            ns = calls * ((k + 1) * 10**6 + i * 10**3)
+            spans += [(SPIN, t, t + 1), ("k", t + 10, t + 10 + ns)]
+            t += 10**9
+        return spans
+
+    def make(k):
+        def fn():
+            return None
+
+        fn.k = k
+        return fn
+
+    monkeypatch.setattr(bench, "_profile", fake_profile)
+    stats = bench.kernel_ms_each([make(0), make(1)], repeats=5, calls=3, interleave=interleave)
+    assert order == ([0, 1] * 5 if interleave else [0] * 5 + [1] * 5)
+    assert [s.median for s in stats] == [pytest.approx(1.002), pytest.approx(2.002)]
+    assert [s.lo for s in stats] == [pytest.approx(1.0), pytest.approx(2.0)]

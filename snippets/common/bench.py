@@ -194,19 +194,24 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
 
 @_traced
 def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
-                   target_ms: float = 10.0, warmup: int = 2) -> list[Stat]:  # fmt: skip
+                   target_ms: float = 10.0, warmup: int = 2,
+                   interleave: bool = True) -> list[Stat]:  # fmt: skip
     """kernel_ms of several callables in one profiler session (a session costs about 0.4 s to
-    start, stop and read on the H200 machine): repeat i of each callable in turn, then repeat
-    i + 1, so a change of the GPU's clocks reaches all of them alike."""
+    start, stop and read on the H200 machine). interleave: repeat i of each callable in turn,
+    then repeat i + 1, so a change of the GPU's clocks reaches all of them alike (steps of one
+    kind of work); otherwise every repeat of one callable, then the next, so each is timed in
+    its own steady clock state (large matmuls among small memory-bound operators: timed in
+    turn with them, a matmul ran faster and spread wider than on its own)."""
     fns = list(fns)
     for fn in fns:
         for _ in range(warmup):
             fn()
     per = [calls or _calls_for(fn, target_ms, 1000) for fn in fns]
-    runs = [(fn, c) for _ in range(repeats) for fn, c in zip(fns, per, strict=True)]
-    sums = split_runs(_profile(runs), len(runs), lambda name: None) if runs else []
-    return [Stat.of([sums[i * len(fns) + k][None][0] / c / 1e3 for i in range(repeats)],
-                    "gpu-kernels") for k, c in enumerate(per)]  # fmt: skip
+    order = ([(i, k) for i in range(repeats) for k in range(len(fns))] if interleave
+             else [(i, k) for k in range(len(fns)) for i in range(repeats)])  # fmt: skip
+    sums = split_runs(_profile([(fns[k], per[k]) for _, k in order]), len(order), lambda n: None)
+    ms = {ik: s[None][0] / per[ik[1]] / 1e3 for ik, s in zip(order, sums, strict=True)}
+    return [Stat.of([ms[i, k] for i in range(repeats)], "gpu-kernels") for k in range(len(fns))]
 
 
 @_traced
@@ -252,10 +257,10 @@ CEILINGS_ENV = "HANDBOOK_CEILINGS"  # set by gpu_docs: one file of ceilings for 
 @functools.cache
 def ceilings() -> dict[str, Stat]:
     """Practical ceilings, measured in this run: copy bandwidth (bytes read + written per
-    second, 1 GiB buffers, far larger than the L2) and bf16 matmul FLOP/s (8192^3, random
-    data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) the first post that asks measures
-    them and the later posts of the same run read that file: one GPU, one run, one pair of
-    ceilings (measuring them costs about 4.5 s a post)."""
+    second by an elementwise kernel, 1 GiB buffers, far larger than the L2) and bf16 matmul
+    FLOP/s (8192^3, random data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) the first
+    post that asks measures them and the later posts of the same run read that file: one GPU,
+    one run, one pair of ceilings (measuring them costs about 4.5 s a post)."""
     shared = os.environ.get(CEILINGS_ENV)
     if shared and os.path.exists(shared):
         with open(shared, encoding="utf-8") as f:
@@ -282,10 +287,12 @@ def _measure_ceilings() -> dict[str, Stat]:
         a @ b
         torch.cuda.synchronize()
     matmul = graph_ms(lambda: a @ b, target_ms=100.0)  # power-limited clocks: average them out
+    # an elementwise kernel, not dst.copy_(src): captured in a graph, copy_ is a memcpy node
+    # that the copy engine runs, about 2.7 TB/s on the H200 -- kernels reached 1.4x that
     n = 1 << 30
-    src = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    src = torch.randn(n // 4, device="cuda")  # fp32, 1 GiB
     dst = torch.empty_like(src)
-    copy = graph_ms(lambda: dst.copy_(src), target_ms=50.0)
+    copy = graph_ms(lambda: torch.mul(src, 1.0, out=dst), target_ms=50.0)
     for name, t in (("copy", copy), ("matmul", matmul)):  # rates derived from them skip the check
         if t.spread > MAX_SPREAD:
             raise ResultError(f"ceilings(): the {name} timing spread ±{t.spread:.1%} > ±5%: {t}")

@@ -16,8 +16,10 @@ from snippets.qwen3_fusion.measure import (
 BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16
 
 
-def gpu_times(fns):  # the kernels' own time, summed (CUPTI), in one profiler session;
-    return kernel_ms_each(fns, target_ms=100.0)  # 100 ms a repeat: power-limited clocks move
+def gpu_times(fns):  # the kernels' own time, summed (CUPTI), in one profiler session, each
+    # operator's repeats together (timed in turn with the light operators, a matmul ran faster
+    # and spread ±5 %); 100 ms a repeat: power-limited clocks move
+    return kernel_ms_each(fns, target_ms=100.0, interleave=False)
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
