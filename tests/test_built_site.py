@@ -61,6 +61,8 @@ def test_the_check_sees_a_planted_cdn_script(site, tmp_path):
 def test_vendored_assets_are_in_the_site(site):
     for rel in ("assets/vendor/mermaid/mermaid.min.js", "assets/vendor/katex/katex.min.js"):
         assert (site / rel).stat().st_size > 100_000, rel
+    for name in ("vega", "vega-lite", "vega-embed"):  # loaded by assets/loader.js
+        assert (site / f"assets/vendor/vega/{name}.min.js").stat().st_size > 10_000, name
     assert list((site / "assets/vendor/katex/fonts").glob("*.woff2"))
 
 

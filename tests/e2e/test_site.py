@@ -95,6 +95,59 @@ def test_every_built_page_is_tested(site_dir):
     )
 
 
+VEGA_FILES = [f"assets/vendor/vega/{name}.min.js" for name in ("vega", "vega-lite", "vega-embed")]
+LIBRARIES = {  # library: (what in a built page needs it, the files it loads then)
+    "mermaid": ('<pre class="mermaid"', ["assets/vendor/mermaid/mermaid.min.js"]),
+    "vega": ('class="result-plot"', VEGA_FILES),
+}
+
+
+def test_mermaid_and_vega_load_only_on_pages_that_use_them(visitor, site_dir):
+    """mermaid (3.5 MB) and Vega (0.8 MB) are requested only by a page with a diagram or a plot
+    (docs/assets/loader.js), and are when an instant navigation reaches one from a page without.
+    One page of each kind (neither, mermaid only, plots only, both), loaded directly."""
+    uses: dict[str, frozenset[str]] = {}
+    for path in checks.built_pages(site_dir):
+        text = (site_dir / path / "index.html").read_text(encoding="utf-8")
+        uses[path] = frozenset(lib for lib, (needs, _) in LIBRARIES.items() if needs in text)
+    first: dict[frozenset[str], str] = {}
+    for path, libs in uses.items():
+        first.setdefault(libs, path)
+    plain, rich = first.get(frozenset()), first.get(frozenset(LIBRARIES))
+    assert plain is not None and rich is not None, f"no page uses neither, or none both: {uses}"
+    every = {f for _, files in LIBRARIES.values() for f in files}
+    problems: list[str] = []
+
+    def check(page, guard, path: str, how: str) -> None:
+        want = sorted(f for lib in uses[path] for f in LIBRARIES[lib][1])
+        got = sorted({visitor.path_of(url) for url in guard.requests} & every)
+        if got != want:
+            problems.append(f"{checks.page_id(path)} ({how}): requested {got}, want {want}")
+        found = checks.check_mermaid(page) + checks.check_plots(page)
+        found += guard.network_problems() + guard.console_problems()
+        problems.extend(f"{checks.page_id(path)} ({how}): {p}" for p in found)
+
+    for path in first.values():
+        page, guard = visitor.open(path)
+        try:
+            check(page, guard, path, "direct load")
+        finally:
+            page.close()
+    page, guard = visitor.open(plain)
+    try:
+        guard.reset()
+        how = f"instant navigation from {checks.page_id(plain)}"
+        problems.extend(checks.navigate_instantly(page, visitor.url(rich)))
+        checks.wait_ready(page)
+        check(page, guard, rich, how)
+        if problems:
+            shot = visitor.screenshot(page, "libraries-on-demand.png", full_page=False)
+            problems.append(f"[screenshot: {shot}]")
+    finally:
+        page.close()
+    assert not problems, "\n" + "\n".join(problems)
+
+
 @pytest.mark.parametrize("term", list(SEARCHES), ids=SEARCH_IDS)
 def test_search_finds_the_right_page_first(visitor, term):
     page, _ = visitor.open("")
