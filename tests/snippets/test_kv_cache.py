@@ -1,13 +1,17 @@
 """Unit tests for snippets/kv_cache/: formulas against published figures and hand counts, the
-block manager's invariants under random operation sequences, prefix caching and its LRU."""
+block manager's invariants under random operation sequences, prefix caching and its LRU, and the
+paged decode-attention kernel against dense attention (its byte model and benchmark code too)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+import torch
 
+from snippets.common.device import DEVICE, ON_GPU
 from snippets.common.models.kv_configs import KVDataError, kv_config, load_kv_configs
+from snippets.common.results import Stat
 from snippets.kv_cache.formulas import (
     bytes_per_element,
     decode_floor_s,
@@ -22,6 +26,7 @@ from snippets.kv_cache.formulas import (
 from snippets.kv_cache.fragmentation import Contiguous, Paged, Request, make_trace, simulate
 from snippets.kv_cache.paged import BlockManager, OutOfBlocks, check_invariants
 from snippets.kv_cache.prefix import PrefixCache, block_hashes
+from snippets.triton_kernels.numerics import within
 
 # ------------------------------------------------------------------ formulas
 
@@ -295,3 +300,251 @@ def test_structure_check_reports_a_broken_kv_data_file(tmp_path):
         f"data/kv_models.yaml:{line}: model 'opt-13b': field 'hidden_size': "
         "expected a positive int, got '-1'"
     ]
+
+
+# ------------------------------------------------------------------ paged decode attention
+# On the CPU the kernel runs in the Triton interpreter in fp32 (it mangles bf16); on the GPU those
+# tests are skipped (`cpu`) and bf16 / fp16 / FP8 run at Qwen3-8B's heads (`gpu`).
+# Tolerances: decode_bound in snippets/kv_cache/paged_attention.py, the fp32 rounding-error bound
+# of the kernel's arithmetic against fp64 attention over the same K and V values (for an FP8
+# cache: the dequantized values, which the kernel reproduces exactly, so no FP8 term enters);
+# fp8_error_bound, what e4m3's 3 mantissa bits allow per element (2^-4 relative, 2^-10 x scale
+# among the subnormals), for the quantization itself.
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
+
+
+def attention_module():
+    import snippets.kv_cache.paged_attention as pa
+
+    return pa
+
+
+def paged_case(lens, q_heads, kv_heads, d, block_size, dtype=torch.float32, seed=0, spare=3):
+    """q and random K/V caches; each sequence's blocks scattered over the pool by a shuffled
+    block table, `spare` blocks held by nobody."""
+    g = torch.Generator().manual_seed(seed)
+    pages = [-(-n // block_size) for n in lens]
+    perm = torch.randperm(sum(pages) + spare, generator=g).to(torch.int32)
+    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[at : at + n]
+        at += n
+    shape = (len(perm), block_size, kv_heads, d)
+    k, v = (torch.randn(shape, generator=g) for _ in range(2))
+    q = torch.randn(len(lens), q_heads, d, generator=g)
+    lens = torch.tensor(lens, dtype=torch.int32)
+    return [t.to(DEVICE, dtype) for t in (q, k, v)] + [table.to(DEVICE), lens.to(DEVICE)]
+
+
+def kernel_within_bound(case, tile, splits, fp8=False):
+    pa = attention_module()
+    q, k, v, table, lens = case
+    return pa.check_paged_decode(q, k, v, table, lens, tile, splits, fp8)
+
+
+@cpu
+@pytest.mark.parametrize(
+    ("lens", "q_heads", "kv_heads", "d", "block_size", "tile", "splits"),
+    [
+        ([1, 17, 40], 4, 2, 64, 16, 16, None),  # GQA; length 1; lengths not block multiples
+        ([33, 5], 4, 1, 64, 32, 16, 3),  # MQA; 3 splits of one tile: the short one's are empty
+        ([23, 1], 2, 2, 128, 16, 32, 1),  # MHA; head_dim 128; a tile of two blocks
+        ([70, 31, 1], 6, 2, 128, 32, 16, 4),  # 3 query heads per KV head (padded); 3 splits
+        ([50], 4, 2, 64, 8, 16, 1),  # blocks of 8: each tile of 16 gathers two
+    ],
+    ids=["gqa", "mqa-split", "mha-d128", "gqa3-split-d128", "block8"],
+)
+def test_paged_decode_fp32(lens, q_heads, kv_heads, d, block_size, tile, splits):
+    case = paged_case(lens, q_heads, kv_heads, d, block_size)
+    assert kernel_within_bound(case, tile, splits)  # splits=None: the default, 1 on the CPU
+
+
+@cpu
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_cache_against_the_dequantized_reference(splits):
+    case = paged_case([45, 2, 16], 4, 2, 64, 16, seed=1)
+    assert kernel_within_bound(case, 16, splits, fp8=True)
+
+
+@cpu
+def test_split_results_equal_unsplit_ones_to_rounding():
+    """Splitting changes only the order of the sums: both within the bound of the same values."""
+    pa = attention_module()
+    q, k, v, table, lens = paged_case([64, 64], 4, 2, 64, 16, seed=2)
+    one = pa.paged_decode(q, k, v, table, lens, tile=16, splits=1)
+    four = pa.paged_decode(q, k, v, table, lens, tile=16, splits=4)
+    exact, parts = pa.decode_reference(q, k, v, table, lens)
+    bound = pa.decode_bound(parts, 64, torch.float32, torch.float32, 16, 4)
+    assert within({"a": one, "b": four}, {"a": exact, "b": exact}, {"a": bound, "b": bound})
+    assert not torch.equal(one, torch.zeros_like(one))
+
+
+def test_fp8_quantization_error_is_three_mantissa_bits():
+    """Per element |x~ - x| <= 2^-4 |x| + 2^-10 scale (e4m3), the bound nearly attained; e5m2's
+    2 mantissa bits break it. One token's values span 2^-12..1 of its largest: subnormals too."""
+    pa = attention_module()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 4, 2, 128, generator=g) * torch.logspace(-3, 3, 64)[:, None, None, None]
+    x[0, 0, 0] = torch.logspace(-12, 0, 128, base=2.0)
+    q8, scale = pa.quantize_fp8(x)
+    assert q8.dtype == torch.float8_e4m3fn and scale.shape == x.shape[:3]  # per (token, head)
+    bound = pa.fp8_error_bound(x, scale)
+    err = (pa.dequantize_fp8(q8, scale) - x.double()).abs()
+    assert bool((err <= bound).all()) and (err / bound).max() > 0.9
+    e5m2 = (x / scale[..., None]).to(torch.float8_e5m2).double() * scale.double()[..., None]
+    assert not bool(((e5m2 - x.double()).abs() <= bound).all())
+
+
+def test_bounds_are_not_vacuous_for_paging_bugs():
+    """Outputs of typical bugs, computed with the reference, land outside the kernel's bound."""
+    pa = attention_module()
+    q, k, v, table, lens = paged_case([40, 9, 30], 4, 2, 64, 16, dtype=torch.float64, seed=4)
+    exact, parts = pa.decode_reference(q, k, v, table, lens)
+    bound = pa.decode_bound(parts, 64, torch.float32, torch.float32, 16, 1)
+
+    def outside(out):
+        return not within({"o": out}, {"o": exact}, {"o": bound})
+
+    mixed = q.view(3, 2, 2, 64).transpose(1, 2).reshape(3, 4, 64)  # head h reads kv h % 2
+    unmixed = pa.decode_reference(mixed, k, v, table, lens)[0]
+    assert outside(unmixed.view(3, 2, 2, 64).transpose(1, 2).reshape(3, 4, 64))
+    in_order = torch.arange(table.numel(), dtype=torch.int32).view(table.shape)  # no table
+    assert outside(pa.decode_reference(q, k, v, in_order, lens)[0])
+    assert outside(pa.decode_reference(q, k, v, table, lens - 1)[0])  # last token lost
+    (k8, ks), (v8, vs) = pa.quantize_fp8(k), pa.quantize_fp8(v)
+    exact8, parts8 = pa.decode_reference(q, k8, v8, table, lens, ks, vs)
+    bound8 = pa.decode_bound(parts8, 64, torch.float32, torch.float32, 16, 1)
+    wrong = pa.decode_reference(q, k8, v8, table, lens, ks.flip(-1), vs)[0]  # other head's scale
+    assert not within({"o": wrong}, {"o": exact8}, {"o": bound8})
+
+
+def test_split_plan():
+    pa = attention_module()
+    assert pa.split_plan(1, 8, 32768, 64, 132) == (16, 32)  # 256 programs on 132 SMs
+    assert pa.split_plan(4, 8, 1024, 64, 132) == (2, 8)
+    assert pa.split_plan(64, 8, 32768, 64, 132) == (512, 1)  # 512 programs without a split
+    assert pa.split_plan(1, 8, 100, 64, 1) == (2, 1)  # CPU: one program per (sequence, head)
+    assert pa.split_plan(1, 8, 70, 16, 1, splits=4) == (2, 3)  # 5 tiles: 2 + 2 + 1
+    assert pa.split_plan(1, 1, 10**6, 64, 132, splits=1000)[1] <= pa.MAX_SPLITS
+
+
+def bad(case, **change):
+    q, k, v, table, lens = case
+    args = {"q": q, "k_cache": k, "v_cache": v, "block_table": table, "seq_lens": lens} | change
+    return args
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"q": torch.zeros(2, 3, 64)}, "multiple of kv_heads"),
+        ({"q": torch.zeros(2, 4, 48), "k_cache": torch.zeros(5, 16, 2, 48),
+          "v_cache": torch.zeros(5, 16, 2, 48)}, "power of two"),
+        ({"v_cache": torch.zeros(5, 16, 2, 32)}, "must match"),
+        ({"block_table": torch.zeros(2, 3, dtype=torch.int64)}, "block_table must be int32"),
+        ({"seq_lens": torch.ones(3, dtype=torch.int32)}, "seq_lens must be int32"),
+        ({"k_cache": torch.zeros(5, 16, 2, 64, dtype=torch.float8_e4m3fn),
+          "v_cache": torch.zeros(5, 16, 2, 64, dtype=torch.float8_e4m3fn)}, "needs k_scale"),
+        ({"k_scale": torch.ones(5, 16, 2)}, "needs k_scale"),
+        ({"seq_lens": torch.tensor([3, 49], dtype=torch.int32)}, "exceeds the block table"),
+        ({"tile": 8}, "tile must be a power of two"),
+    ],
+)  # fmt: skip
+def test_bad_inputs_name_the_problem(change, message):
+    pa = attention_module()
+    case = [torch.zeros(2, 4, 64), torch.zeros(5, 16, 2, 64), torch.zeros(5, 16, 2, 64),
+            torch.zeros(2, 3, dtype=torch.int32), torch.ones(2, dtype=torch.int32)]  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        pa.paged_decode(**bad(case, **change))
+
+
+def test_fp8_scales_must_be_per_token_and_head():
+    pa = attention_module()
+    k8 = torch.zeros(5, 16, 2, 64, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"one per token and KV head"):
+        pa.paged_decode(torch.zeros(2, 4, 64), k8, k8, torch.zeros(2, 3, dtype=torch.int32),
+                        torch.ones(2, dtype=torch.int32), k_scale=torch.ones(5, 2),
+                        v_scale=torch.ones(5, 2))  # fmt: skip
+    with pytest.raises(ValueError, match="at least one token"):
+        pa.decode_reference(torch.zeros(1, 2, 16), torch.zeros(1, 4, 1, 16),
+                            torch.zeros(1, 4, 1, 16), torch.zeros(1, 1, dtype=torch.int32),
+                            torch.zeros(1, dtype=torch.int32))  # fmt: skip
+
+
+def test_decode_byte_model_by_hand():
+    from snippets.kv_cache.paged_measure import SCALE_BYTES, Heads, decode_bytes
+
+    heads = Heads.of(kv_config("qwen3-8b"))
+    assert heads == Heads(32, 8, 128)
+    assert Heads.of(kv_config("opt-13b")) == Heads(40, 40, 128)  # MHA: no num_key_value_heads
+    lens = [1000, 24]  # 63 + 2 blocks of 16
+    kv = 2 * 1024 * 8 * 128 * 2  # K and V, bf16
+    q_and_out = 2 * 2 * 32 * 128 * 2
+    table = (63 + 2 + 2) * 4  # block-table entries and lengths, int32
+    assert decode_bytes(lens, heads) == kv + q_and_out + table
+    assert decode_bytes(lens, heads, paged=False) == kv + q_and_out
+    fp8 = 2 * 1024 * 8 * (128 + 4)  # one byte per element, a float32 scale per token and head
+    assert decode_bytes(lens, heads, kv_elem=1, scale_bytes=SCALE_BYTES) == fp8 + q_and_out + table
+
+
+def stand_in_each(calls, sessions):
+    """kernel_ms_each for the CPU: each callable run once, a steady 1 ms for each."""
+
+    def times(fns):
+        sessions.append(len(fns))
+        out = []
+        for fn in fns:
+            calls.append(fn())
+            out.append(Stat.of([1.0] * 5, "gpu-kernels"))
+        return out
+
+    return times
+
+
+@cpu
+def test_measure_runs_at_tiny_shapes():
+    from snippets.kv_cache.paged_measure import Heads, cache_bytes, decode_bytes, measure
+
+    heads, calls, sessions, rotate = Heads(4, 2, 16), [], [], 10**5
+
+    def need(batch, context):  # copies enough to hold `rotate` bytes, each with three caches
+        copies = -(-rotate // decode_bytes([context] * batch, heads, 16, 4, 4))
+        return copies * cache_bytes(batch, context, heads, 16, 4)
+
+    shapes = [(2, 40), (1, 17), (64, 4096)]  # the last is over the memory limit: skipped
+    limit = max(need(2, 40), need(1, 17))  # the first two do not fit together: two sessions
+    rows = measure(shapes, heads, DEVICE, torch.float32, stand_in_each(calls, sessions), 1e9,
+                   rotate_bytes=rotate, max_cache_bytes=limit)  # fmt: skip
+    assert [(r["batch"], r["context"], r["splits"]) for r in rows] == [(2, 40, 1), (1, 17, 1)]
+    assert sessions == [3, 3]
+    columns = ("batch context splits ours_ms ours_of_copy fp8_ms fp8_of_copy fp8_speedup sdpa_ms "
+               "sdpa_of_copy vs_sdpa")  # fmt: skip
+    assert set(rows[0]) == set(columns.split())
+    ours, fp8, sdpa = calls[:3]  # same values: the paged caches and the contiguous one agree
+    assert ours.shape == sdpa.squeeze(2).shape == (2, 4, 16)
+    assert torch.allclose(ours, sdpa.squeeze(2), atol=1e-5)
+    assert torch.allclose(ours, fp8, atol=0.2)
+    assert rows[0]["ours_of_copy"].median == decode_bytes([40, 40], heads, 16, 4, 4) / 1e-3 / 1e9
+    assert rows[0]["vs_sdpa"].median == rows[0]["fp8_speedup"].median == 1.0
+
+
+# GPU: bf16 and fp16 at Qwen3-8B's heads (nox -s gpu_docs) ------------------------------------
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("dtype", "block_size", "fp8"),
+    [(torch.bfloat16, 16, False), (torch.float16, 32, False), (torch.bfloat16, 16, True)],
+    ids=["bf16", "fp16-block32", "fp8-bf16"],
+)
+def test_paged_decode_gpu_qwen3_heads(dtype, block_size, fp8):
+    from snippets.kv_cache.paged_measure import Heads
+
+    heads = Heads.of(kv_config("qwen3-8b"))
+    case = paged_case([1, 100, 1000, 4097], heads.q, heads.kv, heads.dim, block_size, dtype)
+    assert kernel_within_bound(case, 64, splits=None, fp8=fp8)  # splits chosen for the GPU
+    assert kernel_within_bound(case, 64, splits=1, fp8=fp8)
