@@ -9,7 +9,7 @@ pytestmark = pytest.mark.gpu
 def test_clocks_agree_on_a_large_matmul():
     import torch
 
-    from snippets.common.bench import graph_ms, kernel_ms, python_ms
+    from snippets.common.bench import PYTHON_REPEATS, REPEATS, graph_ms, kernel_ms, python_ms
 
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -18,8 +18,12 @@ def test_clocks_agree_on_a_large_matmul():
         kernel_ms(lambda: a @ b),
         python_ms(lambda: a @ b),
     )
-    for t in (graph, kernels, wall):
-        assert t.n == 7 and t.lo <= t.median <= t.hi and t.spread < 0.05, t
+    for t, n in ((graph, REPEATS), (kernels, REPEATS), (wall, PYTHON_REPEATS)):
+        assert t.n == n and t.lo <= t.median <= t.hi, t
+    # the GPU clocks are steady; the Python clock on the H200 machine is not (this matmul
+    # spread ±8.5 % there, eager decode ±6-35 %): results.py rejects such timings, the test
+    # checks the harness, not the host
+    assert graph.spread < 0.05 and kernels.spread < 0.05, (graph, kernels)
     assert (graph.clock, kernels.clock, wall.clock) == ("gpu-graph", "gpu-kernels", "python")
     assert abs(kernels.median / graph.median - 1) < 0.1  # one kernel per call: no gaps
     assert wall.median > 0.9 * graph.median
