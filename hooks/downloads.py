@@ -5,7 +5,7 @@ an inline fence as written; an include fence (`--8<-- "file:section"`) as the wh
 file, the first time the page includes it (a file runs whole, once per page: a later include of
 it adds nothing); a fence marked `gpu` as a cell tagged `gpu`; a fence marked `skip` not at all
 (its reason and code are shown as text). The prose between them becomes markdown cells, which the
-.py holds as comments; numbers from results are filled in, tables and plots are named.
+.py holds as comments; numbers from results are filled in, tables, plots and calculators are named.
 
 jupytext writes the .py (percent format) from the same notebook. Four edits let several files
 run as one script, each marked on its line so that the original is always visible:
@@ -92,6 +92,10 @@ def notebook(page: Path, site_url: str, pending: frozenset = frozenset()):
     for f in markup.scan(page, body):
         if f.lang in markup.PYTHON:
             events.append((f.start, f.end, "code", f))
+        elif f.lang in markup.WIDGETS:  # a calculator: a form on the page
+            title = re.search(r"^title:\s*(.+)$", f.body, re.M)
+            name = title[1].strip() if title else f.argument
+            events.append((f.start, f.end, "text", f"*（计算器：{name}——见网页）*\n"))
     for d in cl.directives(page, body):
         if d.kind == "number":
             try:

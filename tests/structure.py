@@ -231,6 +231,13 @@ def data_errors(root: Path) -> list[str]:
             load_kv_configs(data / "kv_models.yaml")
         except KVDataError as exc:
             errors.append(str(exc))
+    if (data / "kv_presets.yaml").is_file():
+        from snippets.common.models.kv_presets import load_kv_presets
+
+        try:
+            load_kv_presets(data / "kv_presets.yaml")
+        except (KVDataError, Qwen3DataError) as exc:
+            errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:
             load_glossary(data / "glossary.yaml", load_taxonomy(data / "taxonomy.yaml"), hardware)

@@ -1,58 +1,53 @@
-// The efficiency calculator of posts/metrics: MFU, ZeRO model-state memory, collective busbw.
-// The formulas mirror snippets/metrics/*.py term by term (same operations, same order), and are
-// checked against the Python functions on tests/fixtures/metrics_vectors.json in a browser.
+// The calculators on the pages. hooks/calculators.py renders each ```calculator NAME fence into a
+// <form data-calculator="NAME">; formulas[NAME] below computes its outputs from its inputs.
+// Each formula repeats the Python function named above it term by term (same operations, same
+// order, IEEE doubles), and both are checked on tests/fixtures/calculators/NAME.json: in Node
+// (tests/test_calculators.py) and through the form on the built page (tests/e2e/test_calculators.py).
 // No third-party code. Re-initialised on every page load, including Material's instant navigation.
 (() => {
   "use strict";
 
-  // BEGIN GPU PRESETS (generated from data/hardware.yaml by snippets/metrics/vectors.py)
-  const GPUS = [
-    { id: "h100-sxm", name: "NVIDIA H100 SXM", bf16DenseTflops: 989.5, hbmTbPerS: 3.35, memoryGb: 80 },
-    { id: "h100-pcie", name: "NVIDIA H100 PCIe", bf16DenseTflops: 756.5, hbmTbPerS: 2.0, memoryGb: 80 },
-    { id: "h200-sxm", name: "NVIDIA H200 SXM", bf16DenseTflops: 989.5, hbmTbPerS: 4.8, memoryGb: 141 },
-    { id: "a100-sxm-80gb", name: "NVIDIA A100 80GB SXM", bf16DenseTflops: 312, hbmTbPerS: 2.039, memoryGb: 80 },
-    { id: "b200", name: "NVIDIA B200", bf16DenseTflops: 2250, hbmTbPerS: 7.7, memoryGb: 180 },
-  ];
-  // END GPU PRESETS
+  const whole = (name, n) => {
+    if (!(n >= 1) || n !== Math.trunc(n)) throw new RangeError(`${name} must be a whole number >= 1`);
+  };
+  const sum = (xs) => xs.reduce((a, b) => a + b, 0);
 
-  // ---- formulas (each takes one object; names as in tests/fixtures/metrics_vectors.json) ----
+  // ---- posts/metrics: snippets/metrics/calculators.py ----
 
-  // PaLM App. B: 6N + 12 L H Q T training FLOPs per token (layers = 0 gives plain 6N).
-  function flopsPerToken({ params, layers = 0, heads = 0, headDim = 0, seqLen = 0 }) {
-    return 6 * params + 12 * layers * heads * headDim * seqLen;
+  // mfu_calculator, with flops_per_token_6n, flops_per_token_palm and mfu (training.py)
+  function mfu(x) {
+    const n = x.params_b * 1e9;
+    const six = 6 * n;
+    const palm = 6 * n + 12 * x.layers * x.heads * x.head_dim * x.seq_len;
+    const peak = x.peak_tflops * 1e12;
+    const util = (flops) => (x.tgs * flops) / (1 * peak);
+    return { flops_6n: six, flops_palm: palm, mfu_6n: util(six), mfu_palm: util(palm) };
   }
 
-  // Model FLOPs utilization: required FLOP/s over the chips' peak FLOP/s.
-  function mfu({ tokensPerSecond, flopsPerToken, chips, peakFlops }) {
-    return (tokensPerSecond * flopsPerToken) / (chips * peakFlops);
-  }
-
-  // Tokens per GPU per second.
-  function tgs({ tokens, seconds, gpus }) {
-    return tokens / seconds / gpus;
-  }
-
-  // ZeRO (arXiv:1910.02054) Figure 1: model-state bytes per GPU; stage 0 = plain data parallel.
-  function zeroMemory({ params, dataParallel, stage, k = 12 }) {
-    const psi = params;
-    const nd = dataParallel;
-    switch (Number(stage)) {
-      case 0:
-        return (2 + 2 + k) * psi;
-      case 1:
-        return 2 * psi + 2 * psi + (k * psi) / nd;
-      case 2:
-        return 2 * psi + ((2 + k) * psi) / nd;
-      case 3:
-        return ((2 + 2 + k) * psi) / nd;
-      default:
-        throw new RangeError(`ZeRO stage must be 0, 1, 2 or 3, not ${stage}`);
+  // --8<-- [start:zero]
+  // zero_calculator, with zero_model_states and zero_model_state_bytes (memory.py)
+  function zero(x) {
+    const out = {};
+    for (const stage of [0, 1, 2, 3]) {
+      const psi = x.params_b * 1e9;
+      const nd = x.data_parallel;
+      const states = {
+        parameters: (2 * psi) / (stage >= 3 ? nd : 1),
+        gradients: (2 * psi) / (stage >= 2 ? nd : 1),
+        optimizer: (x.k * psi) / (stage >= 1 ? nd : 1),
+      };
+      const total = sum(Object.values(states));
+      for (const [state, b] of Object.entries(states)) out[`stage${stage}_${state}`] = b;
+      out[`stage${stage}_total`] = total;
+      out[`stage${stage}_share`] = total / (x.memory_gb * 1e9);
     }
+    return out;
   }
+  // --8<-- [end:zero]
 
-  // nccl-tests doc/PERFORMANCE.md: busbw = algbw x factor for n ranks.
-  function busFactor({ op, ranks }) {
-    const n = ranks;
+  // busbw_calculator, with bus_factor and busbw (roofline.py)
+  function busbw(x) {
+    const n = x.ranks;
     const factors = {
       all_reduce: (2 * (n - 1)) / n,
       reduce_scatter: (n - 1) / n,
@@ -61,93 +56,137 @@
       broadcast: 1.0,
       reduce: 1.0,
     };
-    if (!(op in factors)) throw new RangeError(`unknown collective ${op}`);
-    return factors[op];
+    if (!(x.op in factors)) throw new RangeError(`unknown collective ${x.op}`);
+    const alg = (x.size_gb * 1e9) / (x.ms / 1e3);
+    return { algbw: alg, busbw: alg * factors[x.op] };
   }
 
-  function busbw({ algbw, ranks, op }) {
-    return algbw * busFactor({ op, ranks });
+  // ---- posts/kv-cache: snippets/kv_cache/calculators.py, with formulas.py ----
+
+  const BITS = { fp32: 32, bf16: 16, fp16: 16, fp8: 8, int8: 8, int4: 4 };
+
+  function bytesPerElement(fmt, group, scaleBytes = 2) {
+    const bits = BITS[fmt];
+    if (bits === undefined) throw new RangeError(`unknown KV format ${fmt}`);
+    return bits / 8 + (group ? scaleBytes / group : 0);
   }
 
-  // Roofline: min(peak, arithmetic intensity x bandwidth).
-  function attainableFlops({ intensity, peakFlops, bandwidth }) {
-    return Math.min(peakFlops, intensity * bandwidth);
+  function elementsPerTokenLayer(cfg) {
+    if ("kv_lora_rank" in cfg) return cfg.kv_lora_rank + cfg.qk_rope_head_dim;
+    return 2 * cfg.num_key_value_heads * cfg.head_dim;
   }
 
-  window.handbookCalculator = Object.freeze({
-    flopsPerToken,
-    mfu,
-    tgs,
-    zeroMemory,
-    busFactor,
-    busbw,
-    attainableFlops,
-    gpus: GPUS,
-  });
-
-  // ---- the forms on the page ----
-
-  const num = (form, name) => Number(form.elements[name].value);
-  const show = (form, name, text) => {
-    const out = form.querySelector(`output[name="${name}"]`);
-    if (out) out.value = text;
-  };
-  const fixed = (x, digits) => (Number.isFinite(x) ? x.toFixed(digits) : "—");
-  const percent = (x) => (Number.isFinite(x) ? `${(100 * x).toFixed(1)} %` : "—");
-
-  function fillGpuSelect(form) {
-    const select = form.elements.gpu;
-    if (!select || select.options.length) return;
-    for (const gpu of GPUS) select.add(new Option(gpu.name, gpu.id, false, gpu.id === "h200-sxm"));
+  function layerWindows(cfg) {
+    const { sliding_window: window, sliding_window_pattern: pattern } = cfg;
+    const out = [];
+    for (let i = 1; i <= cfg.num_hidden_layers; i++) {
+      out.push(window === undefined || (pattern && i % pattern === 0) ? null : window);
+    }
+    return out;
   }
 
-  const gpuOf = (form) => GPUS.find((g) => g.id === form.elements.gpu.value);
+  const kvBytesPerToken = (cfg, fmt, group) =>
+    cfg.num_hidden_layers * elementsPerTokenLayer(cfg) * bytesPerElement(fmt, group);
 
-  const UPDATE = {
-    mfu(form) {
-      const gpu = gpuOf(form);
-      if (gpu && form.dataset.gpuApplied !== gpu.id) {
-        form.elements.peakTflops.value = gpu.bf16DenseTflops;
-        form.dataset.gpuApplied = gpu.id;
-      }
-      const params = num(form, "paramsB") * 1e9;
-      const six = flopsPerToken({ params });
-      const palm = flopsPerToken({
-        params,
-        layers: num(form, "layers"),
-        heads: num(form, "heads"),
-        headDim: num(form, "headDim"),
-        seqLen: num(form, "seqLen"),
-      });
-      const common = { tokensPerSecond: num(form, "tgs"), chips: 1, peakFlops: num(form, "peakTflops") * 1e12 };
-      show(form, "flops6n", fixed(six / 1e9, 2));
-      show(form, "flopsPalm", fixed(palm / 1e9, 2));
-      show(form, "mfu6n", percent(mfu({ ...common, flopsPerToken: six })));
-      show(form, "mfuPalm", percent(mfu({ ...common, flopsPerToken: palm })));
-    },
-    zero(form) {
-      const gpu = gpuOf(form);
-      const args = { params: num(form, "paramsB") * 1e9, dataParallel: num(form, "dataParallel"), k: num(form, "k") };
-      for (const stage of [0, 1, 2, 3]) {
-        const gb = zeroMemory({ ...args, stage }) / 1e9;
-        const share = gpu ? ` (${percent(gb / gpu.memoryGb)})` : "";
-        show(form, `stage${stage}`, `${fixed(gb, 1)} GB${share}`);
-      }
-    },
-    busbw(form) {
-      const seconds = num(form, "ms") / 1e3;
-      const alg = (num(form, "sizeGB") * 1e9) / seconds;
-      show(form, "algbw", fixed(alg / 1e9, 1));
-      show(form, "busbw", fixed(busbw({ algbw: alg, ranks: num(form, "ranks"), op: form.elements.op.value }) / 1e9, 1));
-    },
-  };
+  function kvBytesPerSequence(cfg, tokens, fmt, group) {
+    const kept = sum(layerWindows(cfg).map((w) => (w === null ? tokens : Math.min(tokens, w))));
+    return kept * elementsPerTokenLayer(cfg) * bytesPerElement(fmt, group);
+  }
+
+  // form_config
+  function formConfig(x) {
+    if (!(x.kv_lora_rank || (x.kv_heads && x.head_dim))) throw new RangeError("no KV shape");
+    const cfg = x.kv_lora_rank
+      ? { kv_lora_rank: x.kv_lora_rank, qk_rope_head_dim: x.rope_dim }
+      : { num_attention_heads: x.kv_heads, num_key_value_heads: x.kv_heads, head_dim: x.head_dim };
+    cfg.num_hidden_layers = x.layers;
+    if (x.window) cfg.sliding_window = x.window;
+    if (x.window_pattern) cfg.sliding_window_pattern = x.window_pattern;
+    return cfg;
+  }
+
+  // kv_calculator, with kv_budget, max_sequences, decode_bytes and decode_floor_s
+  function kvCache(x) {
+    whole("context", x.context);
+    whole("batch", x.batch);
+    whole("gpus", x.gpus);
+    const cfg = formConfig(x);
+    const group = x.group || null;
+    const perSeq = kvBytesPerSequence(cfg, x.context, x.kv_format, group);
+    let budget = x.gpus * x.memory_gb * 1e9 * x.utilization - x.params_b * 1e9 * x.weight_bytes
+      - x.gpus * x.workspace_gb * 1e9;
+    let fit = Math.floor(budget / perSeq);
+    if (budget <= 0) [budget, fit] = [0, 0]; // the weights and the workspace leave no room
+    const weightsRead = x.read_b * 1e9 * x.weight_bytes;
+    const read = weightsRead + sum(Array(x.batch).fill(perSeq));
+    const step = read / (x.gpus * x.bandwidth_tb_s * 1e12);
+    return {
+      per_token: kvBytesPerToken(cfg, x.kv_format, group),
+      per_seq: perSeq,
+      budget,
+      max_seqs: fit,
+      step_ms: step * 1e3,
+      tokens_per_s: x.batch / step,
+      kv_share: 1 - weightsRead / read,
+    };
+  }
+
+  const formulas = { mfu, zero, busbw, "kv-cache": kvCache };
+  window.handbookCalculator = Object.freeze({ formulas: Object.freeze(formulas) });
+
+  // ---- the forms ----
+
+  const fields = (form) => form.querySelectorAll("input[name], select[name]:not([data-preset])");
+
+  function read(form) {
+    const x = {};
+    for (const el of fields(form)) {
+      x[el.name] = el.type === "number" ? (el.value.trim() === "" ? NaN : Number(el.value)) : el.value;
+    }
+    return x;
+  }
+
+  function shown(value, fmt) {
+    if (typeof value !== "number" || !Number.isFinite(value)) return "—";
+    if (fmt.percent !== undefined) return `${(100 * value).toFixed(Number(fmt.digits ?? 1))} %`;
+    const scaled = value * Number(fmt.scale ?? 1);
+    const text = scaled.toFixed(Number(fmt.digits ?? 0));
+    return fmt.unit ? `${text} ${fmt.unit}` : text;
+  }
+
+  function update(form) {
+    let result = {};
+    try {
+      const x = read(form);
+      if (Object.values(x).some((v) => Number.isNaN(v))) throw new RangeError("an input is empty");
+      result = formulas[form.dataset.calculator](x);
+      delete form.dataset.error;
+    } catch (err) {
+      form.dataset.error = String(err && err.message ? err.message : err);
+    }
+    for (const out of form.querySelectorAll("output[name]")) {
+      const value = result[out.getAttribute("name")];
+      out.dataset.value = String(value);
+      out.value = shown(value, out.dataset);
+    }
+  }
+
+  function applyPreset(select) {
+    const option = select.selectedOptions[0];
+    if (!option) return;
+    for (const [name, value] of Object.entries(JSON.parse(option.dataset.values))) {
+      const el = select.form.elements.namedItem(name);
+      if (el) el.value = String(value);
+    }
+  }
 
   function init(root) {
     for (const form of root.querySelectorAll("form[data-calculator]")) {
-      const update = UPDATE[form.dataset.calculator];
-      if (!update || form.dataset.ready) continue;
+      if (form.dataset.ready || !(form.dataset.calculator in formulas)) continue;
       form.dataset.ready = "1";
-      fillGpuSelect(form);
+      for (const select of form.querySelectorAll("select[data-preset]")) {
+        select.addEventListener("change", () => applyPreset(select));
+      }
       form.addEventListener("submit", (event) => event.preventDefault());
       form.addEventListener("input", () => update(form));
       form.addEventListener("change", () => update(form));
@@ -157,7 +196,7 @@
 
   if (typeof document$ !== "undefined") {
     document$.subscribe(({ body }) => init(body));
-  } else {
+  } else if (typeof document !== "undefined") {
     document.addEventListener("DOMContentLoaded", () => init(document));
   }
 })();

@@ -6,6 +6,7 @@ A page is docs/posts/<slug>.md. Its fences are
                              lines (bash) or the lines after `$ cmd` are the expected output;
                              an include fence holds only `--8<-- "snippets/x/y.py:section"` lines;
   ```table NAME / ```plot NAME   result presentation, a YAML spec (snippets/common/claims.py);
+  ```calculator NAME         a form in the page, a YAML spec (snippets/common/calculator.py);
   ```text, ```yaml, ...      shown only (NOT_RUN).
 The line above a fence may say why it is skipped: `<!-- skip: reason -->` always,
 `<!-- gpu: reason -->` without CUDA. Outside fences and code spans:
@@ -27,6 +28,7 @@ SHELL = {
     "console",
 }  # executed too: commands, with `#>` (bash) or console-style output
 DIRECTIVES = {"table", "plot"}  # result presentation, rendered by hooks/results.py
+WIDGETS = {"calculator"}  # forms in the page, rendered by hooks/calculators.py
 # Fences in these languages are shown, never run. Anything else is an error (no silent gaps).
 NOT_RUN = {
     "text", "txt", "yaml", "yml", "json", "toml", "ini",
@@ -164,9 +166,10 @@ def check_language(fence: Fence) -> None:
         raise PageError(fence.problem)
     if fence.lang in PYTHON or fence.lang in SHELL or fence.lang in NOT_RUN:
         return
-    if fence.lang in DIRECTIVES:
+    if fence.lang in DIRECTIVES or fence.lang in WIDGETS:
         if not fence.argument:
-            raise PageError(f"{fence.where}: ```{fence.lang} needs a result name after it")
+            what = "result" if fence.lang in DIRECTIVES else fence.lang
+            raise PageError(f"{fence.where}: ```{fence.lang} needs a {what} name after it")
         return
     raise PageError(
         f"{fence.where}: fence language {fence.lang or '(none)'!r} is neither executed Python "

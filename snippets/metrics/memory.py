@@ -20,23 +20,27 @@ print(sum(ADAM_MIXED_PRECISION.values()))
 
 
 # --8<-- [start:zero]
-def zero_model_state_bytes(psi: float, nd: int, stage: int, k: float = K) -> float:
-    """Model-state bytes per GPU for psi parameters, data-parallel degree nd (ZeRO Figure 1).
+def zero_model_states(psi: float, nd: int, stage: int, k: float = K) -> dict[str, float]:
+    """Model-state bytes per GPU, by state, for psi parameters and data-parallel degree nd
+    (ZeRO Figure 1): each stage shards one more state into nd pieces.
 
     stage 0: plain data parallelism, everything replicated       (2 + 2 + K) psi
     stage 1: P_os,     optimizer states sharded                 2 psi + 2 psi + K psi / nd
     stage 2: P_os+g,   + gradients sharded                      2 psi + (2 + K) psi / nd
     stage 3: P_os+g+p, + parameters sharded                     (2 + 2 + K) psi / nd
     """
-    if stage == 0:
-        return (2 + 2 + k) * psi
-    if stage == 1:
-        return 2 * psi + 2 * psi + k * psi / nd
-    if stage == 2:
-        return 2 * psi + (2 + k) * psi / nd
-    if stage == 3:
-        return (2 + 2 + k) * psi / nd
-    raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0, 1, 2 or 3, not {stage!r}")
+    return {
+        "parameters": 2 * psi / (nd if stage >= 3 else 1),  # fp16/bf16
+        "gradients": 2 * psi / (nd if stage >= 2 else 1),  # fp16/bf16
+        "optimizer": k * psi / (nd if stage >= 1 else 1),  # fp32 master, momentum, variance
+    }
+
+
+def zero_model_state_bytes(psi: float, nd: int, stage: int, k: float = K) -> float:
+    """All model states per GPU: the sum of the three."""
+    return sum(zero_model_states(psi, nd, stage, k).values())
 
 
 # --8<-- [end:zero]

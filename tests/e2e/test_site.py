@@ -248,31 +248,6 @@ def test_chinese_text_has_a_font():
     )
 
 
-def test_calculator_matches_python_on_shared_vectors(visitor):
-    """The metrics page's calculator (docs/assets/calculator.js) against the Python functions:
-    tests/fixtures/metrics_vectors.json holds inputs and the Python outputs; the browser-side
-    formulas must reproduce every one exactly (same operations, same order, IEEE doubles)."""
-    import json
-
-    vectors = json.loads((checks.ROOT / "tests/fixtures/metrics_vectors.json").read_text("utf-8"))
-    page, guard = visitor.open("posts/metrics/")
-    try:
-        mismatches = page.evaluate(
-            """(v) => Object.entries(v.functions).flatMap(([name, cases]) => cases
-                .map((c) => ({name, input: c.input, want: c.expected,
-                              got: window.handbookCalculator[name](c.input)}))
-                .filter((r) => r.got !== r.want))""",
-            vectors,
-        )
-        problems = guard.console_problems()
-    finally:
-        page.close()
-    n = sum(len(cases) for cases in vectors["functions"].values())
-    assert n > 0, "no shared vectors"
-    assert not mismatches, f"posts/metrics/: {len(mismatches)} of {n} differ: {mismatches[:3]}"
-    assert not problems, problems
-
-
 def test_a_plot_opens_as_its_data_table(visitor, site_dir):
     """The first plot of the site, as a reader without the chart meets it: the box is an image
     with a description, and its "数据表" disclosure opens to a table of one row per point."""

@@ -11,7 +11,9 @@ import torch
 
 from snippets.common.device import DEVICE, ON_GPU
 from snippets.common.models.kv_configs import KVDataError, kv_config, load_kv_configs
+from snippets.common.models.kv_presets import load_kv_presets
 from snippets.common.results import Stat
+from snippets.kv_cache.calculators import kv_calculator, model_presets, shown
 from snippets.kv_cache.formulas import (
     bytes_per_element,
     decode_floor_s,
@@ -26,6 +28,7 @@ from snippets.kv_cache.formulas import (
 from snippets.kv_cache.fragmentation import Contiguous, Paged, Request, make_trace, simulate
 from snippets.kv_cache.paged import BlockManager, OutOfBlocks, check_invariants
 from snippets.kv_cache.prefix import PrefixCache, block_hashes
+from snippets.metrics.qwen3 import qwen3_params
 from snippets.triton_kernels.numerics import within
 
 # ------------------------------------------------------------------ formulas
@@ -127,6 +130,122 @@ def test_bad_data_names_file_line_and_field(tmp_path, old, new, message):
     with pytest.raises(KVDataError, match=message) as err:
         load_kv_configs(path)
     assert str(err.value).startswith(f"{path}:")
+
+
+# ------------------------------------------------------------------ the page's calculator
+# Its form against the Python side: tests/test_calculators.py and tests/e2e/test_calculators.py.
+
+
+@pytest.mark.parametrize("preset", model_presets(), ids=lambda p: p["id"])
+def test_calculator_presets_give_the_formulas_bytes_of_each_model(preset):
+    """The form's fields turn back into the model's config: the same bytes as kv_config's."""
+    cfg = next(p.config for p in load_kv_presets() if p.id == preset["id"])
+    form = {**preset["values"], "kv_format": "int4", "group": 64, "context": 16384, "batch": 3,
+            "gpus": 8, "memory_gb": 141, "bandwidth_tb_s": 4.8, "weight_bytes": 1,
+            "workspace_gb": 4, "utilization": 0.9}  # fmt: skip
+    shown = kv_calculator(**form)
+    assert shown["per_token"] == kv_bytes_per_token(cfg, "int4", 64)
+    assert shown["per_seq"] == kv_bytes_per_sequence(cfg, 16384, "int4", 64)
+    assert shown["max_seqs"] == max_sequences(shown["budget"], cfg, 16384, "int4", 64)
+
+
+def test_calculator_presets_are_the_data_files_models():
+    presets = {p["id"]: p for p in model_presets()}
+    assert {"qwen3-8b", "qwen3-32b", "llama-3-8b", "llama-3-70b", "opt-13b", "mistral-7b-v0.1",
+            "gemma-2-9b", "deepseek-v3"} <= set(presets)  # fmt: skip
+    assert presets["opt-13b"]["values"]["kv_heads"] == kv_config("opt-13b")["num_attention_heads"]
+    assert presets["deepseek-v3"]["values"] | {"params_b": 0, "read_b": 0} == {
+        "layers": 61, "kv_heads": 0, "head_dim": 0, "kv_lora_rank": 512, "rope_dim": 64,
+        "window": 0, "window_pattern": 0, "params_b": 0, "read_b": 0}  # fmt: skip
+    assert (
+        presets["deepseek-v3"]["values"]["params_b"],
+        presets["deepseek-v3"]["values"]["read_b"],
+    ) == (671, 37)
+    q = qwen3_params(kv_config("qwen3-8b"))
+    assert presets["qwen3-8b"]["values"]["read_b"] * 1e9 == pytest.approx(q["matmul"], rel=1e-15)
+    assert presets["gemma-2-9b"]["values"]["window_pattern"] == 2
+
+
+def test_calculator_reproduces_section_4s_example():
+    """Qwen3-8B on one H200 in bf16, 8192 tokens: the page's record (results/kv-cache/formulas)."""
+    import json
+    from pathlib import Path
+
+    record = json.loads(
+        (Path(__file__).parents[2] / "results/kv-cache/formulas.json").read_text("utf-8")
+    )["values"]["qwen3"]
+    assert shown["max_seqs"] == record["seqs_8k"]
+    assert shown["budget"] / 2**30 == pytest.approx(record["budget_gib"], rel=1e-12)
+    step = next(r["ms"] for r in record["step_ms"] if r["batch"] == 32)
+    assert shown["step_ms"] == pytest.approx(step, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"context": 0}, "context must be a whole number"), ({"batch": 2.5}, "batch must be"),
+     ({"gpus": 0}, "gpus must be"), ({"head_dim": 0}, "give kv_heads and head_dim"),
+     ({"kv_format": "fp4"}, "unknown KV format")],
+)  # fmt: skip
+def test_calculator_rejects_bad_input(change, message):
+    form = {**model_presets()[0]["values"], "kv_format": "bf16", "group": 0, "context": 8,
+            "batch": 1, "gpus": 1, "memory_gb": 80, "bandwidth_tb_s": 3.35, "weight_bytes": 2,
+            "workspace_gb": 4, "utilization": 0.9}  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        kv_calculator(**{**form, **change})
+
+
+def test_calculator_without_room_fits_nothing():
+    form = {**model_presets()[0]["values"], "kv_format": "bf16", "group": 0, "context": 8,
+            "batch": 1, "gpus": 1, "memory_gb": 16, "bandwidth_tb_s": 3.35, "weight_bytes": 2,
+            "workspace_gb": 4, "utilization": 0.9}  # fmt: skip
+    shown = kv_calculator(**form)
+    assert (shown["budget"], shown["max_seqs"]) == (0, 0) and shown["tokens_per_s"] > 0
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message", "at"),
+    [
+        ('    params_b: "13"\n', "    params_b: 13\n", "'params_b': a number as printed", None),
+        ('    params_b: "13"\n', "", "'params_b': needed, with the source", "  opt-13b:"),
+        ("  opt-13b:  # MHA", "  opt-14b:  # MHA", "no such model here", None),
+        ("  qwen3-8b: {}", '  qwen3-8b: {params_b: "8"}', "counted from config", None),
+        ("      num_key_value_heads: 8\n      hidden_size: 4096\n",
+         "      num_key_value_heads: x\n      hidden_size: 4096\n", "a positive int", None),
+    ],
+)  # fmt: skip
+def test_bad_preset_data_names_file_line_and_field(tmp_path, old, new, message, at):
+    from snippets.common.models import kv_configs, kv_presets, qwen3_configs
+
+    text = kv_presets.DEFAULT_PATH.read_text(encoding="utf-8")
+    assert old in text
+    for shared in (kv_configs.DEFAULT_PATH, qwen3_configs.DEFAULT_PATH):
+        (tmp_path / shared.name).write_text(shared.read_text("utf-8"), encoding="utf-8")
+    path = tmp_path / "kv_presets.yaml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(KVDataError, match=message) as err:
+        load_kv_presets(path)
+    line = text[: text.index(at or old)].count("\n") + 1
+    assert str(err.value).startswith(f"{path}:{line}:")
+
+
+def test_structure_check_reports_a_broken_preset_file(tmp_path):
+    from snippets.common.models import kv_presets
+    from tests.structure import data_errors
+
+    (tmp_path / "data").mkdir()
+    text = kv_presets.DEFAULT_PATH.read_text(encoding="utf-8")
+    (tmp_path / "data" / "kv_presets.yaml").write_text(
+        text.replace('    active_b: "37"', "    active_b: 37"), encoding="utf-8"
+    )
+    for shared in ("kv_models.yaml", "qwen3.yaml"):
+        (tmp_path / "data" / shared).write_text(
+            (kv_presets.DEFAULT_PATH.parent / shared).read_text("utf-8"), encoding="utf-8"
+        )
+    line = text[: text.index('    active_b: "37"')].count("\n") + 1
+    assert data_errors(tmp_path) == [
+        f"data/kv_presets.yaml:{line}: preset 'deepseek-v3': field 'active_b': "
+        'a number as printed, quoted: "37"'
+    ]
 
 
 # ------------------------------------------------------------------ paged block manager

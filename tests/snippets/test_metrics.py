@@ -7,11 +7,8 @@ intervals, and a reproduction passes when the computed and the published interva
 """
 
 import json
-import math
 import random
-import re
 import shutil
-import subprocess
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -25,7 +22,13 @@ from snippets.common.models.qwen3 import TINY, count_parameters
 from snippets.common.models.qwen3_configs import load_qwen3_configs
 from snippets.metrics import measure as ms
 from snippets.metrics import reproduce as rp
-from snippets.metrics.memory import ADAM_MIXED_PRECISION, K, zero_model_state_bytes
+from snippets.metrics.calculators import CALCULATORS, busbw_calculator, zero_calculator
+from snippets.metrics.memory import (
+    ADAM_MIXED_PRECISION,
+    K,
+    zero_model_state_bytes,
+    zero_model_states,
+)
 from snippets.metrics.qwen3 import QWEN3_8B, qwen3_params
 from snippets.metrics.roofline import (
     algbw,
@@ -65,15 +68,6 @@ from snippets.metrics.training import (
     tokens_per_second,
     training_days,
     utilization,
-)
-from snippets.metrics.vectors import (
-    CALCULATOR_JS,
-    FIXTURE,
-    MIRROR,
-    calculator_vectors,
-    call_python,
-    gpu_presets_js,
-    presets_in,
 )
 from tests import gate
 
@@ -527,67 +521,48 @@ def test_qwen3_8b_model_card_counts():
     assert reproduces(point(p["non_embedding"] / 1e9), Printed("6.95"))
 
 
-# --------------------------------------------------------- calculator: shared test vectors
+# ------------------------------------------------------------------------------- calculators
+# The forms' own checks are generic (tests/test_calculators.py, tests/e2e/test_calculators.py).
 
 
-def test_vectors_fixture_is_current():
-    """tests/fixtures/metrics_vectors.json == what the Python functions compute now."""
-    stored = json.loads(FIXTURE.read_text(encoding="utf-8"))
-    fresh = json.loads(json.dumps(calculator_vectors()))
-    assert stored == fresh, (
-        f"{FIXTURE} is stale; rewrite it with "
-        '`python -c "from snippets.metrics.vectors import write; write()"`'
-    )
+def test_zero_states_add_up_and_shard_one_more_each_stage():
+    psi, nd = 8_190_735_360, 8
+    full = zero_model_states(psi, nd, 0)
+    assert full == {"parameters": 2 * psi, "gradients": 2 * psi, "optimizer": K * psi}
+    order = ["optimizer", "gradients", "parameters"]  # P_os, P_os+g, P_os+g+p
+    for stage in range(4):
+        states = zero_model_states(psi, nd, stage)
+        assert [k for k in order if states[k] == full[k] / nd] == order[:stage]
+        assert sum(states.values()) == zero_model_state_bytes(psi, nd, stage)
 
 
-def test_vectors_reproduce_the_python_functions():
-    for name, cases in json.loads(FIXTURE.read_text(encoding="utf-8"))["functions"].items():
-        for case in cases:
-            assert call_python(name, case["input"]) == case["expected"], (name, case)
+def test_zero_calculator_shows_the_pages_qwen3_figures():
+    """The form's default (Qwen3-8B, 8 GPUs, one H200) gives results/metrics/qwen3-zero.json."""
+    record = json.loads((ROOT / "results/metrics/qwen3-zero.json").read_text("utf-8"))
+    model = next(m for m in CALCULATORS["zero"].presets["models"] if m["id"] == "qwen3-8b")
+    shown = zero_calculator(**model["values"], data_parallel=8, k=K, memory_gb=141)
+    for row in record["values"]["stages"]:
+        assert shown[f"stage{row['stage']}_total"] / 1e9 == pytest.approx(row["gb"], rel=1e-12)
+        assert shown[f"stage{row['stage']}_share"] == pytest.approx(row["of_h200"], rel=1e-12)
 
 
-def test_calculator_js_gpu_presets_come_from_hardware_yaml():
-    js = CALCULATOR_JS.read_text(encoding="utf-8")
-    assert presets_in(js) == gpu_presets_js(), (
-        "docs/assets/calculator.js GPU presets differ from data/hardware.yaml; rewrite with "
-        '`python -c "from snippets.metrics.vectors import write; write()"`'
-    )
+def test_calculator_presets_are_the_data_files():
+    """Every preset number is computed from data/: the GPUs' peaks and memory, Qwen3 counts."""
+    mfu_calc, zero_calc = CALCULATORS["mfu"], CALCULATORS["zero"]
+    gpus = load_hardware()
+    assert [g["id"] for g in mfu_calc.presets["gpus"]] == list(gpus)
+    for g in mfu_calc.presets["gpus"]:
+        assert g["values"] == {"peak_tflops": gpus[g["id"]].bf16_dense_tflops}
+    for m in zero_calc.presets["models"]:
+        assert m["values"]["params_b"] * 1e9 == pytest.approx(EXACT_TOTAL[m["id"]], rel=1e-15)
+    labels = [m["label"] for m in mfu_calc.presets["models"]]
+    assert labels == ["Qwen3-0.6B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"]
 
 
-def test_calculator_js_exports_every_mirrored_function():
-    js = CALCULATOR_JS.read_text(encoding="utf-8")
-    exported = re.search(r"window\.handbookCalculator = Object\.freeze\(\{(.*?)\}\);", js, re.S)
-    names = {n.strip() for n in exported.group(1).split(",") if n.strip()}
-    assert set(MIRROR) <= names
-    for name in MIRROR:
-        assert re.search(rf"^  function {name}\(\{{", js, re.M), name
-
-
-def test_calculator_js_matches_vectors_in_node():
-    """The same check as the browser suite, in Node, where Node is installed."""
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is not installed; the browser suite checks the calculator")
-    script = (
-        "global.window = {}; global.document = { addEventListener() {} };"
-        f"require({json.dumps(str(CALCULATOR_JS))});"
-        f"const v = require({json.dumps(str(FIXTURE))});"
-        "const bad = [];"
-        "for (const [name, cases] of Object.entries(v.functions)) for (const c of cases) {"
-        "  const got = window.handbookCalculator[name](c.input);"
-        "  if (got !== c.expected) bad.push([name, c.input, got, c.expected]); }"
-        "console.log(JSON.stringify(bad));"
-    )
-    out = subprocess.run([node, "-e", script], capture_output=True, text=True, check=True)
-    assert json.loads(out.stdout) == []
-
-
-def test_vectors_cover_every_zero_stage_and_collective():
-    cases = calculator_vectors()["functions"]
-    assert {c["input"]["stage"] for c in cases["zeroMemory"]} == {0.0, 1.0, 2.0, 3.0}
-    ops = {c["input"]["op"] for c in cases["busFactor"]}
-    assert ops == set(NCCL_OPS)
-    assert all(math.isfinite(c["expected"]) for cs in cases.values() for c in cs)
+@pytest.mark.parametrize("bad", [{"op": "all-reduce"}, {"ranks": 0}])
+def test_busbw_calculator_rejects_what_nccl_tests_does_not_define(bad):
+    with pytest.raises((KeyError, ZeroDivisionError)):
+        busbw_calculator(**{"op": "all_reduce", "ranks": 8, "size_gb": 1.0, "ms": 1.0, **bad})
 
 
 @pytest.mark.parametrize("model", sorted(PUBLISHED))
