@@ -100,6 +100,7 @@ CALCULATORS = {
             "models": qwen3_presets(mfu_fields),
         },
     ),
+    # --8<-- [start:zero_entry]
     "zero": Calculator(
         zero_calculator,
         cases=[
@@ -114,6 +115,7 @@ CALCULATORS = {
         },
         defaults={"k": K},
     ),
+    # --8<-- [end:zero_entry]
     "busbw": Calculator(
         busbw_calculator,
         cases=[
