@@ -15,6 +15,7 @@ from pathlib import Path
 import nox
 
 from snippets.common import markup  # the page grammar and the slug's places (stdlib only)
+from tests import downloads_run  # a post's download run as a reader runs it (stdlib only)
 
 ROOT = Path(__file__).parent
 PYPROJECT = nox.project.load_toml("pyproject.toml")
@@ -80,6 +81,16 @@ def post_slugs() -> list[str]:
 
 
 BUDGET_S = 60  # per post on one H200, from a cold start (compiles, autotuning, training)
+# Each post's download runs after the post, in a fresh folder outside the repository, as a
+# reader runs it (tests/downloads_run.py). It is reported as its own row with its own budget,
+# not inside the post's: the post's budget is the measurements' (DESIGN rule 8) and stays
+# comparable across runs, and the download is a second, separate program (a fresh Python, torch
+# import and CUDA start). Its cells that record a measurement are skipped with a printed line
+# (HANDBOOK_SKIP_BENCHMARKS=1): they are the very code the post's run has just measured, so
+# running them again would only double the GPU time; every other cell runs, CUDA ones included,
+# with the post's warm compile caches.
+DOWNLOAD_BUDGET_S = 60
+DOWNLOAD_NEEDS = ("jupytext", "nbformat")  # hooks/downloads.py writes the downloads with them
 
 
 def _gate(*args: str, env=None) -> subprocess.CompletedProcess:
@@ -189,6 +200,7 @@ def gpu_docs(session: nox.Session) -> None:
         session.log(f"--verify: measuring into {base}; results/ stays as it is")
     env["HANDBOOK_RESULTS_DIR"] = str(base)
     run_dir = Path(tempfile.mkdtemp(prefix="handbook-run-"))
+    downloads, reader_path = build_downloads(session, run_dir)
     env["HANDBOOK_CEILINGS"] = str(run_dir / "ceilings.json")  # measured once, by the first post
     rows, failed = [], []
     for slug in slugs:
@@ -225,6 +237,21 @@ def gpu_docs(session: nox.Session) -> None:
         n_claims = claims.stdout.count(": holds: ") + claims.stdout.count(": FAILS: ")
         rows.append((slug, wall, n_claims, "; ".join(problems) or "ok"))
         failed += [slug] if problems else []
+        session.log(f"gpu_docs: {slug}'s download, in a fresh folder")
+        download = downloads_run.run(
+            downloads / f"{slug}.py", cold / "download", reader_path,
+            env={k: post_env[k] for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                                          "CUDA_CACHE_PATH")}
+            | {"HANDBOOK_SKIP_BENCHMARKS": "1", "PYTHONUNBUFFERED": "1"},
+            timeout=5 * DOWNLOAD_BUDGET_S,
+        )  # fmt: skip
+        if download.wall_s > DOWNLOAD_BUDGET_S:
+            download.problems.append(f"over its {DOWNLOAD_BUDGET_S} s budget")
+        skipped = [ln for ln in download.output.splitlines() if ln.startswith("skipped ")]
+        print(download.report() if download.problems else "\n".join(skipped))
+        rows.append((f"{slug} (download)", download.wall_s, 0,
+                     "; ".join(download.problems) or "ok"))  # fmt: skip
+        failed += [f"{slug} (download)"] if download.problems else []
         shutil.rmtree(cold, ignore_errors=True)
     if not shard and (every or not session.posargs):  # the CUDA-only tests of the others
         others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
@@ -240,14 +267,40 @@ def gpu_docs(session: nox.Session) -> None:
                      "ok" if ok else "tests failed"))  # fmt: skip
         failed += [] if ok else ["CUDA-only tests"]
     session.log("gpu_docs summary:")
-    session.log(f"  {'post':<30} {'wall s':>7} {'budget':>7} {'claims':>6}  status")
+    session.log(f"  {'post':<34} {'wall s':>7} {'budget':>7} {'claims':>6}  status")
     for slug, wall, n_claims, status in rows:
-        session.log(f"  {slug:<30} {wall:7.1f} {BUDGET_S:>7} {n_claims:>6}  {status}")
-    session.log(f"  {'total':<30} {sum(r[1] for r in rows):7.1f}")
+        budget = DOWNLOAD_BUDGET_S if slug.endswith("(download)") else BUDGET_S
+        session.log(f"  {slug:<34} {wall:7.1f} {budget:>7} {n_claims:>6}  {status}")
+    session.log(f"  {'total':<34} {sum(r[1] for r in rows):7.1f}")
     if verify:
         session.log(f"measured into {base} (results/ untouched)")
     if failed:
         session.error(f"gpu_docs: failed: {', '.join(failed)}")
+
+
+def build_downloads(session: nox.Session, run_dir: Path) -> tuple[Path, list[str]]:
+    """Every post's download and the wheel they name, written as the site publishes them
+    (hooks/downloads.py), and the wheel installed for the downloads to import."""
+    import importlib.util
+
+    missing = [m for m in DOWNLOAD_NEEDS if importlib.util.find_spec(m) is None]
+    if missing:
+        session.error(
+            f"gpu_docs: writing the downloads needs {', '.join(missing)}: carry their wheels "
+            "(docs/contributing.md lists them with the other pure-Python test dependencies)"
+        )
+    spec = importlib.util.spec_from_file_location("handbook_downloads", ROOT / "hooks" /
+                                                  "downloads.py")  # fmt: skip
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    site_url = re.search(r"^site_url:\s*(\S+)", (ROOT / "mkdocs.yml").read_text(), re.M)[1]
+    out = run_dir / "downloads"
+    out.mkdir()
+    for name, content in hook.build(site_url).items():
+        path = out / name
+        path.write_bytes(content) if isinstance(content, bytes) else path.write_text(content)
+    wheel = out / downloads_run.wheel_named_in((out / f"{post_slugs()[0]}.py").read_text())
+    return out, downloads_run.install(wheel, run_dir / "site-packages")
 
 
 def _print_trace(path: Path, wall: float, top: int = 8) -> None:

@@ -208,7 +208,9 @@ def asset_errors(root: Path) -> list[str]:
 
 
 def data_errors(root: Path) -> list[str]:
-    """The published data files load and validate (hardware, model configs, taxonomy, glossary)."""
+    """The published data files load and validate (hardware, model configs, taxonomy, glossary,
+    request lengths, host links)."""
+    from snippets.common.datafile import DataFileError, load_host_links, load_request_lengths
     from snippets.common.hardware import HardwareDataError, load_hardware
     from snippets.common.models.kv_configs import KVDataError, load_kv_configs
     from snippets.common.models.qwen3_configs import Qwen3DataError, load_qwen3_configs
@@ -238,6 +240,13 @@ def data_errors(root: Path) -> list[str]:
             load_kv_presets(data / "kv_presets.yaml")
         except (KVDataError, Qwen3DataError) as exc:
             errors.append(str(exc))
+    for name, load in (("request_lengths.yaml", load_request_lengths),
+                       ("host_links.yaml", load_host_links)):  # fmt: skip
+        if (data / name).is_file():
+            try:
+                load(data / name)
+            except DataFileError as exc:
+                errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:
             load_glossary(data / "glossary.yaml", load_taxonomy(data / "taxonomy.yaml"), hardware)

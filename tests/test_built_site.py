@@ -367,11 +367,26 @@ def executed(page: Path) -> list[str]:
 
 
 def original(cell: str) -> str:
-    """A code cell with the download's marked edits undone."""
+    """A code cell with the download's marked edits undone: added lines dropped, rewritten lines
+    restored, and a `gpu` cell's code taken out of its `if download.gpu_cell(...):` (lines that
+    start inside a multi-line string were not indented)."""
+    import io
+    import tokenize
+
+    lines = cell.split("\n")
+    guards = [i for i, line in enumerate(lines)
+              if line.startswith("if download.gpu_cell(") and line.endswith(ADDED)]  # fmt: skip
+    guard = guards[0] if guards else None
+    inside = set()
+    if guard is not None:
+        for tok in tokenize.generate_tokens(io.StringIO(cell).readline):
+            inside.update(range(tok.start[0] + 1, tok.end[0] + 1))
     out = []
-    for line in cell.split("\n"):
+    for row, line in enumerate(lines, 1):
         if line.endswith(ADDED):
             continue
+        if guard is not None and row > guard + 1 and row not in inside:
+            line = line.removeprefix("    ")
         new, marked, was = line.partition(WAS.strip())
         out.append(new[: len(new) - len(new.lstrip())] + was if marked else line)
     return "\n".join(out)

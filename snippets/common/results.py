@@ -12,6 +12,9 @@ Two kinds:
   computed  a deterministic figure computed on the CPU that prose quotes (computed_result): every
             run recomputes it and compares; `--update-examples` rewrites it.
 
+A reader who runs a page's download (snippets/common/download.py sets READER) records nothing:
+a computed figure is compared with the page's published record, a measurement is printed.
+
 Imports no torch at module level: the docs build has none.
 """
 
@@ -43,6 +46,8 @@ KINDS = ("measured", "computed")
 CLOCKS = ("gpu-graph", "gpu-kernels", "python")  # how a timing was taken
 RECORDER = "snippets/common/results.py"  # stores numbers, measures nothing: not a source
 FIELDS = ("schema", "kind", "slug", "name", "values", "provenance", "sources", "checksum")
+READER: str | None = None  # a page's download is running (its slug): compare and print only
+AGREES, DIFFERS = "agrees with the page's record", "DIFFERS from the page's record"
 PROVENANCE = {
     "measured": ("gpu", "driver", "cuda", "torch", "triton", "python", "date", "commit", "dirty",
                  "measured_by", "wall_s"),
@@ -417,6 +422,8 @@ def _dump(record: dict, path: Path) -> Path:
 
 def write_result(slug: str, name: str, values: dict, *, root: Path = ROOT) -> Path:
     """Record a measurement (GPU). Only the runner writes: it sets HANDBOOK_RESULTS_DIR."""
+    if READER is not None:
+        return _print_measured(slug, name, values, root)
     if not os.environ.get(RESULTS_DIR_ENV):
         raise ResultError(
             f"{slug}/{name}: measurements are written by the runner: `nox -s gpu_docs -- {slug}`"
@@ -430,6 +437,8 @@ def write_result(slug: str, name: str, values: dict, *, root: Path = ROOT) -> Pa
 def computed_result(slug: str, name: str, values: dict, *, root: Path = ROOT) -> Path:
     """Record a deterministic CPU figure that prose quotes. A run recomputes it and fails if the
     committed file differs; `pytest --update-examples` (HANDBOOK_UPDATE_RECORDS=1) rewrites it."""
+    if READER is not None:
+        return _compare_published(slug, name, values, root)
     measured_by = _caller_file()
     path = result_path(slug, name, root)
     if os.environ.get(UPDATE_ENV) == "1":
@@ -446,6 +455,25 @@ def computed_result(slug: str, name: str, values: dict, *, root: Path = ROOT) ->
             f"now; rewrite it with `{command}`"
         )
     return path
+
+
+def _compare_published(slug: str, name: str, values: dict, root: Path) -> Path:
+    """A reader's run: say whether the figure equals the published record; write nothing."""
+    path = result_path(slug, name, root)
+    if not path.is_file():
+        print(f"{slug}/{name}: no published record to compare with")
+        return path
+    same = same_values(load_result(path)["values"], _plain(values, "", []))
+    why = "" if same else " (expected where code, data or libraries differ from the page's)"
+    print(f"{slug}/{name}: {AGREES if same else DIFFERS}{why}")
+    return path
+
+
+def _print_measured(slug: str, name: str, values: dict, root: Path) -> Path:
+    """A reader's run: print what was measured; records are written by `nox -s gpu_docs`."""
+    plain = json.dumps(_plain(values, "", []), ensure_ascii=False, separators=(",", ":"))
+    print(f"{slug}/{name}: measured (not recorded: the repository's runner writes records) {plain}")
+    return result_path(slug, name, root)
 
 
 def same_values(a, b, rel: float = 1e-9) -> bool:

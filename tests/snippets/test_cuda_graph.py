@@ -13,12 +13,12 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from snippets.common.device import DEVICE, ON_GPU
+from snippets.common.models.fp64 import FP64
 from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
 from snippets.common.results import Stat
 from snippets.cuda_graph import measure
 from snippets.cuda_graph.decode import StaticCache, decode_step, generate
 from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
-from tests.snippets.fp64 import FP64
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")

@@ -4,7 +4,9 @@ paged decode-attention kernel against dense attention (its byte model and benchm
 
 from __future__ import annotations
 
+import math
 import random
+import re
 
 import pytest
 import torch
@@ -667,3 +669,85 @@ def test_paged_decode_gpu_qwen3_heads(dtype, block_size, fp8):
     case = paged_case([1, 100, 1000, 4097], heads.q, heads.kv, heads.dim, block_size, dtype)
     assert kernel_within_bound(case, 64, splits=None, fp8=fp8)  # splits chosen for the GPU
     assert kernel_within_bound(case, 64, splits=1, fp8=fp8)
+
+
+# ------------------------------------------------------------------ request lengths, links, offload
+
+
+def test_geometric_lengths_have_the_published_means():
+    from snippets.kv_cache.fragmentation import geometric
+
+    rng = random.Random(0)
+    draws = [geometric(rng, 161.31) for _ in range(20000)]
+    assert min(draws) == 1
+    mean = sum(draws) / len(draws)
+    assert math.isclose(mean, 161.31, rel_tol=0.03), mean  # the sample mean's spread is ~0.7 %
+    assert {geometric(rng, 1) for _ in range(10)} == {1}
+    with pytest.raises(ValueError, match="at least 1 token"):
+        geometric(rng, 0.5)
+
+
+def test_trace_reads_its_workload_from_data():
+    sharegpt, alpaca = make_trace(2000, seed=5), make_trace(2000, seed=5, workload="alpaca")
+    mean = lambda trace, f: sum(getattr(r, f) for r in trace) / len(trace)  # noqa: E731
+    assert mean(alpaca, "prompt") < 25 < 130 < mean(sharegpt, "prompt")  # means 19.31, 161.31
+    with pytest.raises(KeyError, match="lmsys"):
+        make_trace(1, workload="lmsys")
+
+
+@pytest.mark.parametrize(
+    ("file", "old", "new", "at", "message"),
+    [
+        ("host_links.yaml", "total_gb_per_s: 128", "total_gb_per_s: fast", "total_gb_per_s: fast",
+         "link 'pcie-gen5-x16': field 'total_gb_per_s': expected a positive number, got 'fast'"),
+        ("host_links.yaml", "    total_gb_per_s: 900\n", "", "  nvlink-c2c:",
+         "link 'nvlink-c2c': field 'total_gb_per_s': missing"),
+        ("host_links.yaml", "      - url: https://developer", "      - url: http://developer",
+         "      - url: http://developer", "link 'nvlink-c2c': field 'sources': each url must be"),
+        ("request_lengths.yaml", "mean_output_tokens: 58.45", "mean_output_tokens: -58.45",
+         "-58.45", "workload 'alpaca': field 'mean_output_tokens': expected a positive number"),
+        ("request_lengths.yaml", "    name: ShareGPT", "    nmae: ShareGPT", "nmae",
+         "workload 'sharegpt': field 'nmae': unknown field"),
+        ("request_lengths.yaml", "mean_input_tokens: 19.31", "mean_input_tokens: [19.31",
+         None, "malformed YAML"),
+    ],
+)  # fmt: skip
+def test_bad_published_data_names_file_line_and_field(tmp_path, file, old, new, at, message):
+    from snippets.common.datafile import DATA, DataFileError, load_host_links, load_request_lengths
+
+    text = (DATA / file).read_text(encoding="utf-8")
+    assert old in text
+    path = tmp_path / file
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    load = load_host_links if file == "host_links.yaml" else load_request_lengths
+    with pytest.raises(DataFileError, match=re.escape(message)) as err:
+        load(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    line = next((n for n, text in enumerate(lines, 1) if at in text), None) if at else None
+    assert str(err.value).startswith(f"{path}:{line}:" if line else f"{path}:"), err.value
+
+
+def test_reload_and_recompute_by_hand():
+    from snippets.kv_cache.offload import (
+        break_even_tokens_per_s,
+        prefill_flops,
+        recompute_s,
+        reload_s,
+    )
+    from snippets.metrics.qwen3 import qwen3_params
+
+    assert reload_s(64e9, 64e9) == 1.0
+    with pytest.raises(ValueError, match="positive bandwidth"):
+        reload_s(1.0, 0)
+    cfg = kv_config("qwen3-8b")
+    # token t (0-based) scores and sums t + 1 keys: 4 d_h FLOPs per key, query head and layer
+    heads = cfg["num_hidden_layers"] * cfg["num_attention_heads"]
+    attention = sum(4 * cfg["head_dim"] * (t + 1) * heads for t in range(100))
+    assert prefill_flops(cfg, 100) == 100 * 2 * qwen3_params(cfg)["layers"] + attention
+    assert prefill_flops(cfg, 0) == 0
+    with pytest.raises(ValueError, match="tokens"):
+        prefill_flops(cfg, -1)
+    # at the break-even throughput, recomputing a prefix takes as long as reloading it
+    per_token, link = kv_bytes_per_token(cfg), 50e9
+    rate = break_even_tokens_per_s(per_token, link)
+    assert math.isclose(reload_s(8192 * per_token, link), recompute_s(8192, rate), rel_tol=1e-12)

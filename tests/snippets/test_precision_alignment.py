@@ -20,6 +20,7 @@ import torch
 
 from snippets.common import results as res
 from snippets.common.device import DEVICE, LOW_PRECISION, ON_GPU
+from snippets.common.models.fp64 import FP64
 from snippets.common.models.qwen3 import TINY, Kernels
 from snippets.precision_alignment import collect, planted, sources
 from snippets.precision_alignment import e2e_gate as e2e
@@ -29,7 +30,6 @@ from snippets.precision_alignment.model_gate import model_gate, trace
 from snippets.triton_kernels.numerics import gamma
 from snippets.triton_kernels.qwen3 import TRITON, fused_loss
 from tests import gate
-from tests.snippets.fp64 import FP64
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
