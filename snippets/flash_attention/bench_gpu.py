@@ -21,7 +21,7 @@ from snippets.flash_attention.measure import (
 # --8<-- [start:run]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 32, 128, torch.bfloat16  # 32 heads x 128 = hidden 4096
 LENGTHS = (1024, 2048, 4096, 8192, 16384)  # batch = TOKENS / length: 32 sequences down to 2
-MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention at 8 K would hold ~70 GB of scores
+MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention at 8 K: more n x n tensors than 141 GB
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
 if gpu is None:
     raise RuntimeError(f"{torch.cuda.get_device_name()} is not in data/hardware.yaml")

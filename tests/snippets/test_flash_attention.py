@@ -381,22 +381,26 @@ def stand_in_each(calls):
 def test_measurement_code_runs_at_tiny_shapes():
     from snippets.flash_attention import measure as m
 
-    impls, missing = m.implementations(("ours", "cudnn"), DEVICE)
-    assert set(impls) == {"ours"} and missing["cudnn"]  # no cuDNN attention on the CPU: a reason
+    impls, missing = m.implementations(("ours", "flash", "cudnn"), DEVICE)
+    assert set(impls) == {"ours", "flash"}  # SDPA's flash backend has a CPU kernel; cuDNN not:
+    assert missing["cudnn"].startswith("RuntimeError")  # its reason is recorded instead of a row
     impls["naive"] = m.naive
     calls = []
     rows, wide = m.measure_tflops((16, 32), 64, 2, 16, DEVICE, torch.float32,
                                   stand_in_each(calls), 100.0, impls)  # fmt: skip
-    assert [(r["n"], r["mask"], r["impl"]) for r in rows][:3] == [
-        (16, "none", "ours"), (16, "none", "naive"), (32, "none", "ours")]  # fmt: skip
-    assert len(rows) == 8 and len(calls) == 16  # forward, forward + backward
-    ours_out, naive_out = calls[0], calls[2]
-    assert torch.allclose(ours_out, naive_out, atol=1e-5)  # same inputs, same attention
+    assert [(r["n"], r["mask"], r["impl"]) for r in rows][:4] == [
+        (16, "none", "ours"), (16, "none", "flash"), (16, "none", "naive"),
+        (32, "none", "ours")]  # fmt: skip
+    assert len(rows) == 12 and len(calls) == 24  # forward, forward + backward
+    ours_out, flash_out, naive_out = calls[0], calls[2], calls[4]  # same inputs, same attention
+    assert torch.allclose(ours_out, flash_out, atol=1e-5)
+    assert torch.allclose(ours_out, naive_out, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(calls[1], calls[3], strict=True))
     first = rows[0]
     assert first["fwd_tflops"].median == 4 * 16**2 * 16 * 2 * 4 / 1e-3 / 1e12  # 4 x 16 tokens
     assert first["fwdbwd_tflops"].median == pytest.approx(3.5 * first["fwd_tflops"].median)
-    assert rows[4]["fwd_tflops"].median == first["fwd_tflops"].median / 2  # causal: half
-    assert set(wide[0]) == {"n", "mask", "ours_fwd", "ours_fwdbwd", "naive_fwd", "naive_fwdbwd"}
+    assert rows[6]["fwd_tflops"].median == first["fwd_tflops"].median / 2  # causal: half
+    assert set(wide[0]) == {"n", "mask"} | {f"{i}_{p}" for i in impls for p in ("fwd", "fwdbwd")}
 
     def split(fn, classify):
         fn()
