@@ -25,6 +25,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+import triton.testing
 
 LOG2E = 1.4426950408889634  # scores are kept in base 2: exp(x) = exp2(x log2 e)
 LN2 = 0.6931471805599453
@@ -396,10 +397,22 @@ def _config(block_m, block_n, warps, stages):
 FWD_CONFIGS = [_config(128, 64, 8, 3), _config(128, 128, 8, 2)]
 DKDV_CONFIGS = [_config(32, 128, 8, 3), _config(64, 128, 8, 2)]
 DQ_CONFIGS = [_config(128, 32, 8, 3), _config(128, 64, 8, 2)]
-TUNE_KEY = ["n_ctx", "HEAD_DIM", "CAUSAL"]
-attn_fwd_tuned = triton.autotune(FWD_CONFIGS, key=TUNE_KEY)(attn_fwd_kernel)
-attn_bwd_dkdv_tuned = triton.autotune(DKDV_CONFIGS, key=TUNE_KEY)(attn_bwd_dkdv_kernel)
-attn_bwd_dq_tuned = triton.autotune(DQ_CONFIGS, key=TUNE_KEY)(attn_bwd_dq_kernel)
+TUNE_KEY = ["n_ctx", "HEAD_DIM", "CAUSAL"]  # and, always, the dtypes of the tensor arguments
+
+
+def _tune_bench(kernel_call, quantiles):
+    """A few milliseconds per candidate: triton.testing.do_bench's defaults spend about 0.125 s
+    on each, which over lengths, masks and three kernels would use up a fifth of the budget."""
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
+
+
+def _tuned(configs, kernel):
+    return triton.autotune(configs, key=TUNE_KEY, do_bench=_tune_bench)(kernel)
+
+
+attn_fwd_tuned = _tuned(FWD_CONFIGS, attn_fwd_kernel)
+attn_bwd_dkdv_tuned = _tuned(DKDV_CONFIGS, attn_bwd_dkdv_kernel)
+attn_bwd_dq_tuned = _tuned(DQ_CONFIGS, attn_bwd_dq_kernel)
 CPU_BLOCKS = {"fwd": (16, 16), "dkdv": (16, 32), "dq": (32, 16)}  # interpreter: small tiles
 
 
