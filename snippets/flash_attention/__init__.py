@@ -1,0 +1,1 @@
+"""FlashAttention：tiling 与 online softmax (flash-attention) snippets."""

@@ -1,0 +1,220 @@
+"""Benchmark functions: TFLOP/s of this post's kernels against scaled_dot_product_attention with
+each backend and FlexAttention, where the time of ours goes (kernel by kernel), and peak memory
+against naive attention.
+
+Functions only: bench_gpu.py runs them on the GPU with the clocks of snippets/common/bench.py
+(kernel_ms_each, kernel_ms_by) and peak_bytes_cuda, which come in as arguments; on the CPU they
+run at tiny shapes with stand-ins (tests/snippets/test_flash_attention.py).
+"""
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from snippets.common.bench import rate
+from snippets.flash_attention.attention import flash_attention
+from snippets.flash_attention.io_model import attention_flops
+
+# --8<-- [start:implementations]
+SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+IMPLS = ("ours", *SDPA, "flex")  # data keys; the page maps them to names
+
+
+def ours(q, k, v, causal):
+    return flash_attention(q, k, v, causal=causal)
+
+
+def sdpa(backend: str):
+    """scaled_dot_product_attention restricted to one backend (torch.nn.attention.sdpa_kernel);
+    the backward runs the same backend's kernel."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, SDPA[backend])
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(chosen):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                  enable_gqa=q.shape[1] != k.shape[1])  # fmt: skip
+
+    return run
+
+
+def flex(compiled: bool):
+    """FlexAttention: no mask, or a causal block mask (one per length, made once). compiled:
+    torch.compile(flex_attention), the fused kernel; otherwise the eager reference, which
+    materializes the scores (what runs on the CPU)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+    masks = {}
+
+    def causal_mask(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    def run(q, k, v, causal):
+        mask = None
+        if causal:
+            n = q.shape[2]
+            if (n, q.device) not in masks:
+                masks[n, q.device] = create_block_mask(causal_mask, None, None, n, n,
+                                                       device=q.device)  # fmt: skip
+            mask = masks[n, q.device]
+        with warnings.catch_warnings():  # eager flex warns that it is unfused: that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            return fn(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
+
+    return run
+
+
+def naive(q, k, v, causal):
+    """Eager PyTorch as Hugging Face's "eager" attention: S and P materialized, softmax in fp32."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        n = q.shape[2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
+    return torch.softmax(s, -1, dtype=torch.float32).to(q.dtype) @ v
+
+
+def implementations(names, device):
+    """({name: fn(q, k, v, causal)}, {name: why it cannot run here}). Each SDPA backend is tried
+    on a small input, forward and backward: it raises when it cannot run on this device or
+    dtype, and the reason is recorded instead of a row."""
+    found, missing = {}, {}
+    for name in names:
+        try:
+            if name == "ours":
+                fn = ours
+            elif name == "naive":
+                fn = naive
+            elif name == "flex":
+                fn = flex(compiled=torch.device(device).type == "cuda")
+            else:
+                fn = sdpa(name)
+                probe = torch.randn(1, 2, 64, 64, device=device, dtype=torch.bfloat16
+                                    if torch.device(device).type == "cuda" else torch.float32,
+                                    requires_grad=True)  # fmt: skip
+                fn(probe, probe, probe, True).sum().backward()
+            found[name] = fn
+        except (ImportError, RuntimeError, AttributeError) as exc:
+            missing[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    return found, missing
+
+
+# --8<-- [end:implementations]
+
+
+# --8<-- [start:measure]
+def qkv(batch, heads, n, d, device, dtype, gen, kv_heads=None):
+    shape = (batch, heads, n, d)
+    kv_shape = (batch, kv_heads or heads, n, d)
+    return [torch.randn(s, device=device, dtype=dtype, generator=gen).requires_grad_()
+            for s in (shape, kv_shape, kv_shape)]  # fmt: skip
+
+
+def runners(fn, q, k, v, causal, do):
+    """(forward, forward + backward) callables on fixed inputs."""
+
+    def forward():
+        return fn(q, k, v, causal)
+
+    def both():
+        return torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+
+    return forward, both
+
+
+def measure_tflops(lengths, tokens, heads, d, device, dtype, kernel_times, peak_tflops, impls,
+                   masks=("none", "causal"), seed=0):  # fmt: skip
+    """One row per (length, mask, implementation): the kernels' time of the forward and of the
+    forward + backward (kernel_times: kernel_ms_each on the GPU, callables in, one Stat each
+    out), TFLOP/s by the FlashAttention papers' count (forward 4 n^2 d per head, halved by the
+    causal mask; forward + backward 3.5 times that) and as a fraction of the dense peak. A batch
+    of tokens / n sequences, so every length runs the same number of tokens. Also one wide row
+    per (length, mask) with each implementation's two rates, for the comparison tables."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    cases = []  # (n, mask, name, forward, both)
+    for mask in masks:
+        causal = mask == "causal"
+        for n in lengths:
+            q, k, v = qkv(tokens // n, heads, n, d, device, dtype, gen)
+            do = torch.randn(q.shape, device=device, dtype=dtype, generator=gen)
+            for name, fn in impls.items():
+                cases.append((n, mask, name, *runners(fn, q, k, v, causal, do)))
+    times = iter(kernel_times([f for case in cases for f in case[3:]]))
+    rows, wide = [], {}
+    for n, mask, name, *_ in cases:
+        fwd_ms, both_ms = next(times), next(times)
+        flops = attention_flops(n, d, heads, tokens // n, causal=mask == "causal")
+        fwd_tflops = rate(flops, fwd_ms) / 1e12
+        both_tflops = rate(3.5 * flops, both_ms) / 1e12
+        rows.append({"n": n, "mask": mask, "impl": name, "fwd_ms": fwd_ms, "fwdbwd_ms": both_ms,
+                     "fwd_tflops": fwd_tflops, "fwdbwd_tflops": both_tflops,
+                     "fwd_of_peak": fwd_tflops / peak_tflops,
+                     "fwdbwd_of_peak": both_tflops / peak_tflops})  # fmt: skip
+        row = wide.setdefault((n, mask), {"n": n, "mask": mask})
+        row[f"{name}_fwd"], row[f"{name}_fwdbwd"] = fwd_tflops, both_tflops
+    return rows, list(wide.values())
+
+
+KERNELS = {"attn_fwd": "forward", "attn_bwd_delta": "D = rowsum(dO o O)",
+           "attn_bwd_dkdv": "dK, dV", "attn_bwd_dq": "dQ"}  # fmt: skip
+
+
+def kernel_of(name: str) -> str:
+    """Our kernels by name (a launch of anything else: 'other', e.g. zero fills)."""
+    return next((key for key in KERNELS if key in name), "other")
+
+
+def breakdown(n, tokens, heads, d, device, dtype, kernel_split, masks=("none", "causal"), seed=0):
+    """Where the forward + backward time of ours goes, kernel by kernel (kernel_split:
+    kernel_ms_by on the GPU), and each kernel's share of the sum."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q, k, v = qkv(tokens // n, heads, n, d, device, dtype, gen)
+    do = torch.randn(q.shape, device=device, dtype=dtype, generator=gen)
+    rows = []
+    for mask in masks:
+        split = kernel_split(runners(ours, q, k, v, mask == "causal", do)[1], kernel_of)
+        total = sum(cell["ms"] for cell in split.values())
+        for kernel, cell in split.items():
+            rows.append({"n": n, "mask": mask, "kernel": kernel, "ms": cell["ms"],
+                         "share": cell["ms"] / total})  # fmt: skip
+    return rows
+
+
+def peak_memory(lengths, tokens, heads, d, device, dtype, memory, impls, seed=0):
+    """Peak memory above the inputs during one causal forward + backward (memory: peak_bytes_cuda
+    on the GPU): naive attention holds n x n scores and probabilities per head, ours O(n) extra.
+    One row per length: MiB of each implementation and naive / ours."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = []
+    for n in lengths:
+        q, k, v = qkv(tokens // n, heads, n, d, device, dtype, gen)
+        do = torch.randn(q.shape, device=device, dtype=dtype, generator=gen)
+        row = {"n": n}
+        for name, fn in impls.items():
+            both = runners(fn, q, k, v, True, do)[1]
+            both()  # warm-up: compiles, autotuning and library workspaces are not the peak's
+            row[f"{name}_mib"] = memory(both) / 2**20
+        row["naive_over_ours"] = row["naive_mib"] / row["ours_mib"]
+        rows.append(row)
+        del q, k, v, do
+    return rows
+
+
+def peak_bytes_cuda(fn):
+    """Peak allocated bytes while fn runs, above what was allocated before it."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return peak
+
+
+# --8<-- [end:measure]

@@ -1,0 +1,463 @@
+"""Unit tests for snippets/flash_attention/: the online softmax on adversarial rows, the FLOP and
+HBM counts by hand and against the papers, the Triton kernels (forward, backward, logsumexp)
+against fp64 attention within derived bounds, the custom op under opcheck and torch.compile, and
+the benchmark code at tiny shapes with stand-in clocks.
+
+On the CPU the kernels run in the Triton interpreter in fp32 (and fp16, which it computes right;
+it mangles bf16); on the GPU (`nox -s gpu_docs`) those are skipped and bf16 / fp16 run at larger
+shapes. Tolerances: attention_bounds in snippets/flash_attention/numerics.py, the fp32 rounding-
+error bound of the kernels' arithmetic (derivation in its docstring), never a fitted constant.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from snippets.common.device import DEVICE, ON_GPU
+from snippets.common.hardware import load_hardware, ridge_point
+from snippets.common.results import Stat
+from snippets.flash_attention import attention as fa
+from snippets.flash_attention import io_model as io
+from snippets.flash_attention import online_softmax as osm
+from snippets.flash_attention.numerics import (
+    attention_bounds,
+    attention_reference,
+    check_attention,
+)
+from snippets.triton_kernels.numerics import within
+
+gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
+
+
+# ------------------------------------------------------------------ online softmax
+
+
+@pytest.mark.parametrize("block", [1, 3, 16, 64, 1000])
+def test_online_softmax_equals_softmax_for_any_block(block):
+    g = torch.Generator().manual_seed(block)
+    x = torch.randn(5, 3, 100, generator=g, dtype=torch.float64) * 30
+    assert torch.allclose(osm.online_softmax(x, block), torch.softmax(x, -1), rtol=1e-13, atol=0)
+    m, l = osm.online_stats(x, block)
+    assert torch.equal(m, x.amax(-1))
+    assert torch.allclose(osm.logsumexp(m, l), torch.logsumexp(x, -1), rtol=1e-14)
+
+
+def test_online_softmax_masked_rows_and_bad_block():
+    x = torch.full((2, 9), -math.inf, dtype=torch.float64)
+    x[1, 8] = 3.0  # only the last entry, in the last block, is visible
+    p = osm.online_softmax(x, 4)
+    assert torch.equal(p[0], torch.zeros(9, dtype=torch.float64))  # softmax gives NaN here
+    assert p[1, 8] == 1 and p[1, :8].eq(0).all()
+    assert osm.logsumexp(*osm.online_stats(x, 4)).tolist() == [-math.inf, 3.0]
+    with pytest.raises(ValueError, match="block must be >= 1"):
+        osm.online_stats(x, 0)
+
+
+def test_online_attention_matches_masked_softmax_attention():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(12, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.rand(12, 12, generator=g) > 0.5
+    mask[3] = False  # a row that sees nothing: output 0, logsumexp -inf
+    out, lse = osm.online_attention(q, k, v, 5, mask)
+    s = (q @ k.T / 2).masked_fill(~mask, -math.inf)
+    seen = mask.any(-1)
+    assert torch.allclose(out[seen], (torch.softmax(s, -1) @ v)[seen], rtol=0, atol=1e-14)
+    assert out[3].eq(0).all() and lse[3] == -math.inf
+
+
+# ------------------------------------------------------------------ FLOP and IO counts
+
+
+def test_flop_counts_follow_the_papers():
+    assert io.attention_flops(1024, 64) == 4 * 1024**2 * 64
+    assert io.attention_flops(1024, 64, heads=16, batch=2, causal=True) == 2 * 1024**2 * 64 * 32
+    assert io.attention_flops(512, 128, backward=True) == 2.5 * io.attention_flops(512, 128)
+    assert io.MATMULS["backward, FlashAttention-2"] / io.MATMULS["forward"] == 2.5
+
+
+def test_io_counts_by_hand():
+    n, d = 8, 4
+    nd, nn = n * d, n * n
+    want = {"forward": 4 * nd + 4 * nn, "backward": 8 * nd + 7 * nn}
+    assert io.standard_bytes(n, d, elem=1) == want
+    fa1 = io.fa1_bytes(1024, 64, 192 * 1024)  # M = 98304 fp16 elements: B_c = M / 4d = 384
+    assert (fa1["block_c"], fa1["passes"]) == (384, 3)
+    assert fa1["forward"] == 2 * 1024 * 64 * 2 + 3 * (3 * 1024 * 64 * 2 + 16 * 1024)
+    one_block = io.tiled_bytes(n, d, block=8, elem=1)  # a single block: K and V read once
+    assert one_block["forward"] == 2 * 32 + 4 * n + 2 * 32  # Q, O; lse; K, V once
+    assert io.floor_bytes(n, d, elem=1) == {"forward": 4 * 32 + 4 * n, "backward": 8 * 32 + 8 * n}
+
+
+def test_theorem_2_scaling_and_the_limits_of_intensity():
+    """FA1's traffic falls as 1/M while n d^2 / M dominates; standard attention's intensity stays
+    below d / elem and the tiled order's below 2 block / elem, whatever n."""
+    small, large = (io.fa1_bytes(2**16, 64, m * 1024)["forward"] for m in (48, 96))
+    assert 1.9 < small / large <= 2
+    for n in (256, 4096, 2**20):
+        assert io.intensity(n, 128, io.standard_bytes) < 128 / 2
+        assert io.intensity(n, 128, io.tiled_bytes, block=128) < 2 * 128 / 2
+    h200 = load_hardware()["h200-sxm"]
+    ridge = ridge_point(h200)
+    assert io.crossing(128, ridge, io.standard_bytes) is None
+    at = io.crossing(128, ridge, io.floor_bytes)
+    below = io.intensity(at - 1, 128, io.floor_bytes)
+    assert io.intensity(at, 128, io.floor_bytes) >= ridge > below
+
+
+def test_papers_figures():
+    """FA3 Table 2 (arXiv:2407.08608): times and TFLOP/s at batch 4, 8448 tokens, 16 heads, d 128;
+    FA3 §3.1: 3.9 TFLOPS of exp on the H100; FA2 §3.1: 16x on the A100."""
+    flops = io.attention_flops(8448, 128, heads=16, batch=4)
+    assert [round(flops / ms / 1e9) for ms in (3.538, 4.021, 4.105)] == [661, 582, 570]
+    hw = load_hardware()
+    assert round(16 * hw["h100-sxm"].sms * 1.83e9 / 1e12, 1) == 3.9
+    assert hw["a100-sxm-80gb"].bf16_dense_tflops / hw["a100-sxm-80gb"].fp32_tflops == 16
+
+
+# ------------------------------------------------------------------ the kernels (CPU: fp32)
+
+
+@cpu
+@pytest.mark.parametrize(
+    ("batch", "q_heads", "kv_heads", "n", "d", "causal"),
+    [
+        (1, 2, 2, 1, 16, False),  # a single token
+        (1, 2, 2, 1, 16, True),
+        (2, 2, 1, 37, 32, False),  # MQA; a partial last block
+        (1, 4, 2, 64, 32, True),  # GQA; the length a multiple of every block
+        (1, 6, 2, 40, 16, True),  # 3 query heads per KV head
+        (1, 2, 2, 29, 128, False),  # head dim 128
+    ],
+    ids=["n1", "n1-causal", "mqa", "gqa-even", "gqa3-causal", "d128"],
+)
+def test_kernels_fp32(batch, q_heads, kv_heads, n, d, causal):
+    assert check_attention(batch, q_heads, kv_heads, n, d, causal, torch.float32, seed=n)
+
+
+@cpu
+def test_gradient_through_the_logsumexp():
+    """A loss that reads the logsumexp: its gradient enters through D (attn_bwd_delta_kernel)."""
+    assert check_attention(1, 4, 2, 40, 32, True, torch.float32, seed=5, lse_grad=True)
+
+
+@cpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_other_block_shapes(causal):
+    """Tiles of 32 x 16 forward, 16 x 32 (dK/dV) and 32 x 32 (dQ): the loops' ranges still
+    cover each row and key exactly once."""
+    g = torch.Generator().manual_seed(6)
+    q, k, v, do = (torch.randn(1, 2, 53, 32, generator=g) for _ in range(4))
+    out, lse = fa.attention_forward(q, k, v, causal, 32**-0.5, blocks=(32, 16))
+    grads = fa.attention_backward(do, q, k, v, out, lse, None, causal, 32**-0.5,
+                                  blocks={"dkdv": (16, 32), "dq": (32, 32)})  # fmt: skip
+    exact = attention_reference(q, k, v, causal, do=do)
+    bound = attention_bounds(q, k, v, causal, exact, do=do)
+    got = {"out": out, "lse": lse, **dict(zip(("dq", "dk", "dv"), grads, strict=True))}
+    assert within(got, exact, bound)
+
+
+@cpu
+def test_strided_inputs_and_gradients_keep_their_layout():
+    """q, k, v as views of [batch, n, heads, d] (a projection's layout), as models pass them."""
+    g = torch.Generator().manual_seed(7)
+    base = [torch.randn(2, 30, h, 16, generator=g).requires_grad_() for h in (4, 2, 2)]
+    q, k, v = (t.transpose(1, 2) for t in base)
+    out = fa.flash_attention(q, k, v, causal=True)
+    do = torch.randn(out.shape, generator=g)
+    dq, dk, dv = torch.autograd.grad(out, base, do)
+    exact = attention_reference(q, k, v, True, do=do)
+    bound = attention_bounds(q, k, v, True, exact, do=do)
+    got = {"out": out, "dq": dq.transpose(1, 2), "dk": dk.transpose(1, 2),
+           "dv": dv.transpose(1, 2)}  # fmt: skip
+    assert within(got, {key: exact[key] for key in got}, {key: bound[key] for key in got})
+    assert out.stride() == q.stride()  # the output takes q's layout
+
+
+@cpu
+def test_kernels_fp16_in_the_interpreter():
+    """fp16 in the interpreter (its bf16 is garbage): P and dS rounded to fp16 for the matmuls,
+    u_dot = 2^-11 in the bounds."""
+    assert check_attention(1, 4, 2, 41, 32, True, torch.float16, seed=8)
+
+
+def test_bounds_are_not_vacuous():
+    """Outputs of typical bugs, computed in fp64, land outside the kernels' bounds."""
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 4, 40, 16, generator=g)
+    k, v = (torch.randn(1, 2, 40, 16, generator=g) for _ in range(2))
+    do = torch.randn(q.shape, generator=g)
+    exact = attention_reference(q, k, v, True, do=do)
+    bound = attention_bounds(q, k, v, True, exact, do=do)
+
+    def outside(name, value):
+        return not within({name: value}, {name: exact[name]}, {name: bound[name]})
+
+    # query head h reads KV head h % 2 instead of h // 2 (the heads of each group swapped)
+    swapped = attention_reference(q[:, [0, 2, 1, 3]], k, v, True, do=do[:, [0, 2, 1, 3]])
+    assert outside("out", swapped["out"][:, [0, 2, 1, 3]]) and outside("dk", swapped["dk"])
+    # the causal mask off by one (j < i): each row loses its diagonal, the first row everything
+    s = (q.double() @ k.double().repeat_interleave(2, 1).transpose(-1, -2)) / 4
+    s = s.masked_fill(~torch.ones(40, 40, dtype=torch.bool).tril(-1), -math.inf)
+    off_by_one = (torch.softmax(s, -1) @ v.double().repeat_interleave(2, 1)).nan_to_num()
+    assert outside("out", off_by_one) and outside("lse", torch.logsumexp(s, -1).nan_to_num())
+    assert outside("lse", exact["lse"] * math.log2(math.e))  # base-2 logsumexp saved as natural
+    assert outside("dk", exact["dk"] * 4)  # dK without the softmax scale 1/sqrt(16)
+    # dS = P o dP, D forgotten: the softmax Jacobian's rank-one term
+    kr, vr = k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1)
+    p = torch.softmax((q.double() @ kr.transpose(-1, -2) / 4).masked_fill(
+        ~torch.ones(40, 40, dtype=torch.bool).tril(), -math.inf), -1)  # fmt: skip
+    no_d = p * (do.double() @ vr.transpose(-1, -2))
+    assert outside("dq", no_d @ kr / 4)
+    # the running sum not rescaled when the maximum grows (alpha forgotten), blocks of 8
+    out = torch.zeros_like(exact["out"])
+    sc = (q.double() @ kr.transpose(-1, -2) / 4).masked_fill(
+        ~torch.ones(40, 40, dtype=torch.bool).tril(), -math.inf)  # fmt: skip
+    m = sc.amax(-1, keepdim=True)
+    total, l = torch.zeros_like(out), torch.zeros_like(m)
+    running = torch.full_like(m, -math.inf)
+    for start in range(0, 40, 8):
+        blk = sc[..., start : start + 8]
+        running = torch.maximum(running, blk.amax(-1, keepdim=True))
+        w = torch.exp(blk - running).nan_to_num()
+        total, l = total + w @ vr[:, :, start : start + 8], l + w.sum(-1, keepdim=True)
+    assert m.isfinite().all() and outside("out", total / l)
+
+
+@cpu
+def test_custom_op_passes_opcheck():
+    g = torch.Generator().manual_seed(10)
+    q = torch.randn(1, 2, 9, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 1, 9, 16, generator=g, requires_grad=True) for _ in range(2))
+    result = torch.library.opcheck(fa.flash_attention_op, (q, k, v, True, 0.25))
+    assert set(result.values()) == {"SUCCESS"}
+
+
+@cpu
+def test_composes_with_torch_compile():
+    """fullgraph: the op is one opaque node with a fake implementation for tracing and an
+    autograd formula; AOTAutograd (aot_eager) gives the same output and gradients, bit for bit."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g, requires_grad=True) for _ in range(3))
+
+    def loss(q, k, v):
+        return fa.flash_attention(q, k, v, causal=True).square().sum()
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = [compiled(q, k, v), *torch.autograd.grad(compiled(q, k, v), (q, k, v))]
+    want = [loss(q, k, v), *torch.autograd.grad(loss(q, k, v), (q, k, v))]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@cpu
+@pytest.mark.slow  # Inductor generates and compiles C++ for the graph around the op: seconds
+def test_composes_with_inductor():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(1, 2, 24, 16, generator=g, requires_grad=True) for _ in range(3))
+
+    def loss(q, k, v):
+        return (fa.flash_attention(q, k, v) * 2).square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want, strict=True))
+
+
+SM90 = r"""
+import json
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+import snippets.flash_attention.attention as fa
+
+RUNTIME = {"n_ctx", "group", "q_heads", "kv_heads"}  # do_not_specialize: no divisibility hint
+
+
+def compile_sm90(kernel, config, pointers, **constexprs):
+    constexprs |= {"HEAD_DIM": 128, "STATIC_N": 0, "DOT": "tf32", **config.kwargs}
+    signature, attrs = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        signature[name] = pointers.get(name, "fp32" if name.endswith("scale") else "i32")
+        if name in pointers or (signature[name] == "i32" and name not in RUNTIME):
+            attrs[(i,)] = [["tt.divisibility", 16]]  # as the JIT specializes aligned arguments
+    src = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
+    options = {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    ttgir = compiled.asm["ttgir"]
+    return {"shared": compiled.metadata.shared, "async": "async_copy_global_to_local" in ttgir,
+            "wgmma": "warp_group_dot" in ttgir}
+
+
+bf16 = {name: "*bf16" for name in ("Q", "K", "V", "O", "DO", "DK", "DV", "DQ")}
+fp32 = {"LSE": "*fp32", "DELTA": "*fp32", "DLSE": "*fp32"}
+ptrs = bf16 | fp32
+report = {
+    "fwd": compile_sm90(fa.attn_fwd_kernel, fa.FWD_CONFIGS[0], ptrs, CAUSAL=True),
+    "dkdv": compile_sm90(fa.attn_bwd_dkdv_kernel, fa.DKDV_CONFIGS[0], ptrs, CAUSAL=True,
+                         STATIC_GROUP=0),
+    "dq": compile_sm90(fa.attn_bwd_dq_kernel, fa.DQ_CONFIGS[0], ptrs, CAUSAL=True),
+}
+print(json.dumps(report))
+"""
+
+
+@cpu
+@pytest.mark.slow  # Triton's bundled ptxas compiles three kernels for sm_90: seconds
+def test_gpu_path_compiles_for_hopper():
+    """The GPU path (runtime loop bounds, the first autotuning configuration, causal) compiled for
+    sm_90 without a GPU: the interpreter never compiles, so only this catches what a compile
+    sees (a global that is not constexpr inside @jit, a layout that does not lower). Each fits
+    the H100's 227 KiB of shared memory per block, its loads are pipelined into asynchronous
+    copies and its matmuls are WGMMA. In a fresh interpreter without TRITON_INTERPRET."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": str(root),
+    }
+    done = subprocess.run([sys.executable, "-c", SM90], env=env, capture_output=True, text=True,
+                          cwd=root, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    for kernel, found in report.items():
+        assert found["shared"] <= 227 * 1024 and found["async"] and found["wgmma"], (kernel, found)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        ([(2, 4, 8, 16), (2, 4, 8), (2, 4, 8, 16)], r"\[batch, heads, n, head_dim\]"),
+        ([(2, 4, 8, 16), (2, 2, 8, 16), (2, 1, 8, 16)], "the same shape"),
+        ([(2, 4, 8, 16), (2, 2, 9, 16), (2, 2, 9, 16)], "batch, length and head_dim"),
+        ([(2, 3, 8, 16), (2, 2, 8, 16), (2, 2, 8, 16)], "multiple of kv_heads"),
+        ([(2, 4, 8, 48), (2, 2, 8, 48), (2, 2, 8, 48)], "head_dim must be one of"),
+    ],
+    ids=["rank", "k-v", "length", "heads", "head-dim"],
+)
+def test_bad_inputs_name_the_problem(shapes, message):
+    q, k, v = (torch.zeros(s) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        fa.flash_attention(q, k, v)
+
+
+def test_mixed_dtypes_are_refused():
+    with pytest.raises(ValueError, match="share one of"):
+        fa.flash_attention(torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16, dtype=torch.float16),
+                           torch.zeros(1, 2, 4, 16))  # fmt: skip
+
+
+# ------------------------------------------------------------------ the benchmark code
+
+
+def stand_in_each(calls):
+    """kernel_ms_each for the CPU: each callable run once, a steady 1 ms for each."""
+
+    def times(fns):
+        out = []
+        for fn in fns:
+            calls.append(fn())
+            out.append(Stat.of([1.0] * 5, "gpu-kernels"))
+        return out
+
+    return times
+
+
+@cpu
+def test_measurement_code_runs_at_tiny_shapes():
+    from snippets.flash_attention import measure as m
+
+    impls, missing = m.implementations(("ours", "flash", "cudnn"), DEVICE)
+    assert set(impls) == {"ours", "flash"}  # SDPA's flash backend has a CPU kernel; cuDNN not:
+    assert missing["cudnn"].startswith("RuntimeError")  # its reason is recorded instead of a row
+    impls["naive"] = m.naive
+    calls = []
+    rows, wide = m.measure_tflops((16, 32), 64, 2, 16, DEVICE, torch.float32,
+                                  stand_in_each(calls), 100.0, impls)  # fmt: skip
+    assert [(r["n"], r["mask"], r["impl"]) for r in rows][:4] == [
+        (16, "none", "ours"), (16, "none", "flash"), (16, "none", "naive"),
+        (32, "none", "ours")]  # fmt: skip
+    assert len(rows) == 12 and len(calls) == 24  # forward, forward + backward
+    ours_out, flash_out, naive_out = calls[0], calls[2], calls[4]  # same inputs, same attention
+    assert torch.allclose(ours_out, flash_out, atol=1e-5)
+    assert torch.allclose(ours_out, naive_out, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(calls[1], calls[3], strict=True))
+    first = rows[0]
+    assert first["fwd_tflops"].median == 4 * 16**2 * 16 * 2 * 4 / 1e-3 / 1e12  # 4 x 16 tokens
+    assert first["fwdbwd_tflops"].median == pytest.approx(3.5 * first["fwd_tflops"].median)
+    assert rows[6]["fwd_tflops"].median == first["fwd_tflops"].median / 2  # causal: half
+    assert set(wide[0]) == {"n", "mask"} | {f"{i}_{p}" for i in impls for p in ("fwd", "fwdbwd")}
+
+    def split(fn, classify):
+        fn()
+        return {classify(name): {"ms": Stat.of([t] * 5, "gpu-kernels"), "kernels": 1}
+                for name, t in (("attn_fwd_kernel", 1.0), ("attn_bwd_dq_kernel", 3.0))}  # fmt: skip
+
+    shares = m.breakdown(32, 64, 2, 16, DEVICE, torch.float32, split, masks=("causal",))
+    want = [("attn_fwd", 0.25), ("attn_bwd_dq", 0.75)]
+    assert [(r["kernel"], r["share"].median) for r in shares] == want
+    assert m.kernel_of("triton_poi_fused_zeros_0") == "other"
+    memory = m.peak_memory((16,), 32, 2, 16, DEVICE, torch.float32, lambda fn: 2**21,
+                           {"ours": m.ours, "naive": m.naive})  # fmt: skip
+    assert memory == [{"n": 16, "ours_mib": 2.0, "naive_mib": 2.0, "naive_over_ours": 1.0}]
+
+
+# ------------------------------------------------------------------ GPU: bf16, fp16
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("batch", "q_heads", "kv_heads", "n", "causal"),
+    [(2, 8, 2, 1000, True), (1, 8, 1, 515, False), (1, 4, 4, 2048, True)],
+    ids=["gqa-causal", "mqa", "mha-2k"],
+)
+def test_kernels_bf16_head_dim_128(batch, q_heads, kv_heads, n, causal):
+    assert check_attention(batch, q_heads, kv_heads, n, 128, causal, torch.bfloat16, seed=n)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernels_fp16_head_dim_64(causal):
+    """fp16 and head dim 64 with one fixed tile shape (no autotuning: fewer compiles)."""
+    g = torch.Generator().manual_seed(13)
+    q, k, v, do = (torch.randn(2, 8, 777, 64, generator=g).to("cuda", torch.float16)
+                   for _ in range(4))  # fmt: skip
+    out, lse = fa.attention_forward(q, k, v, causal, 0.125, blocks=(128, 64))
+    grads = fa.attention_backward(do, q, k, v, out, lse, None, causal, 0.125,
+                                  blocks={"dkdv": (32, 128), "dq": (128, 32)})  # fmt: skip
+    exact = attention_reference(q, k, v, causal, do=do)
+    bound = attention_bounds(q, k, v, causal, exact, do=do)
+    got = {"out": out, "lse": lse, **dict(zip(("dq", "dk", "dv"), grads, strict=True))}
+    assert within(got, exact, bound)
+
+
+@pytest.mark.gpu
+@gpu
+def test_composes_with_inductor_on_gpu():
+    g = torch.Generator(device="cuda").manual_seed(14)
+    q, k, v = (torch.randn(2, 8, 1024, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_() for _ in range(3))  # fmt: skip
+
+    def loss(q, k, v):
+        return fa.flash_attention(q, k, v, causal=True).float().square().sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    want = torch.autograd.grad(loss(q, k, v), (q, k, v))
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
