@@ -14,9 +14,9 @@ from snippets.flash_attention.measure import (
     measure_tflops,
     naive,
     ours,
-    peak_bytes_cuda,
     peak_memory,
 )
+from snippets.triton_kernels.measure import peak_bytes_cuda  # the triton-kernels post's meter
 
 # --8<-- [start:run]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 32, 128, torch.bfloat16  # 32 heads x 128 = hidden 4096

@@ -3,8 +3,9 @@ each backend and FlexAttention, where the time of ours goes (kernel by kernel), 
 against naive attention.
 
 Functions only: bench_gpu.py runs them on the GPU with the clocks of snippets/common/bench.py
-(kernel_ms_each, kernel_ms_by) and peak_bytes_cuda, which come in as arguments; on the CPU they
-run at tiny shapes with stand-ins (tests/snippets/test_flash_attention.py).
+(kernel_ms_each, kernel_ms_by) and triton-kernels' peak_bytes_cuda, which come in as
+arguments; on the CPU they run at tiny shapes with stand-ins
+(tests/snippets/test_flash_attention.py).
 """
 
 import math
@@ -203,18 +204,6 @@ def peak_memory(lengths, tokens, heads, d, device, dtype, memory, impls, seed=0)
         rows.append(row)
         del q, k, v, do
     return rows
-
-
-def peak_bytes_cuda(fn):
-    """Peak allocated bytes while fn runs, above what was allocated before it."""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    result = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del result
-    return peak
 
 
 # --8<-- [end:measure]
