@@ -1,5 +1,5 @@
-// Load the vendored mermaid and Vega (assets/vendor/) only on pages that use them, and draw
-// the result plots. Works with instant navigation: this file runs once, document$ on each page.
+// Load the vendored mermaid, Vega and KaTeX (assets/vendor/) only on pages that use them, and
+// draw the result plots and formulas. Works with instant navigation: this file runs once, document$ on each page.
 (() => {
   const vendor = new URL("vendor/", document.currentScript.src);
   const loading = {};
@@ -68,7 +68,33 @@
     }
   }
 
-  document$.subscribe(({ body }) => drawPlots(body));
+  // Formulas: pymdownx.arithmatex output, typeset by the vendored KaTeX once it is loaded.
+  // Only .arithmatex elements are touched, so a "$" in prose stays text. When every formula
+  // of the page is typeset, body[data-math] says so (the browser suite waits for it).
+  const KATEX = ["katex/katex.min.js", "katex/contrib/auto-render.min.js"];
+
+  function typeset(root) {
+    const formulas = root.querySelectorAll(".arithmatex");
+    if (formulas.length === 0) return;
+    delete document.body.dataset.math;
+    loadScripts(KATEX).then(() => {
+      for (const el of formulas) {
+        renderMathInElement(el, {
+          delimiters: [
+            { left: "\\(", right: "\\)", display: false },
+            { left: "\\[", right: "\\]", display: true },
+          ],
+          throwOnError: false,
+        });
+      }
+      document.body.dataset.math = "typeset";
+    }, (err) => console.error(err));
+  }
+
+  document$.subscribe(({ body }) => {
+    typeset(body);
+    drawPlots(body);
+  });
   new MutationObserver(() => drawPlots(document.body)).observe(document.body, {
     attributes: true,
     attributeFilter: ["data-md-color-scheme"],

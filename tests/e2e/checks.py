@@ -269,16 +269,17 @@ def wait_ready(page, timeout_ms: int = READY_TIMEOUT_MS) -> None:
                        .every((b) => b.dataset.rendered === "1" || b.dataset.error)""",
             timeout=timeout_ms,
         )
-    # KaTeX runs synchronously when Material publishes the page (document$), so a formula that
-    # is still raw after a moment stays raw; mermaid renders asynchronously, or rejects.
+    # KaTeX loads when the page has a formula and typesets them all at once, then sets
+    # body[data-math]; mermaid renders asynchronously, or rejects.
     with contextlib.suppress(Exception):
         page.wait_for_function(
             """([n, start]) => document.readyState === "complete" &&
                  (window.__e2eErrors.length > 0 ||
                   [...document.querySelectorAll("div.mermaid")].filter((d) =>
                      (window.__e2eShadow.get(d) || d).querySelector("svg")).length >= n) &&
-                 (Date.now() - start > 1000 || [...document.querySelectorAll(".arithmatex")]
-                    .every((el) => el.querySelector(".katex, .katex-error")))""",
+                 (window.__e2eErrors.length > 0 || Date.now() - start > 5000 ||
+                  document.querySelectorAll(".arithmatex").length === 0 ||
+                  document.body.dataset.math === "typeset")""",
             arg=[expected, start],
             timeout=timeout_ms,
         )

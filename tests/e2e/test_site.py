@@ -99,13 +99,17 @@ VEGA_FILES = [f"assets/vendor/vega/{name}.min.js" for name in ("vega", "vega-lit
 LIBRARIES = {  # library: (what in a built page needs it, the files it loads then)
     "mermaid": ('<pre class="mermaid"', ["assets/vendor/mermaid/mermaid.min.js"]),
     "vega": ('class="result-plot"', VEGA_FILES),
+    "katex": (
+        'class="arithmatex"',
+        ["assets/vendor/katex/katex.min.js", "assets/vendor/katex/contrib/auto-render.min.js"],
+    ),
 }
 
 
-def test_mermaid_and_vega_load_only_on_pages_that_use_them(visitor, site_dir):
-    """mermaid (3.5 MB) and Vega (0.8 MB) are requested only by a page with a diagram or a plot
-    (docs/assets/loader.js), and are when an instant navigation reaches one from a page without.
-    One page of each kind (neither, mermaid only, plots only, both), loaded directly."""
+def test_mermaid_vega_and_katex_load_only_on_pages_that_use_them(visitor, site_dir):
+    """mermaid (3.5 MB), Vega (0.8 MB) and KaTeX (0.3 MB) are requested only by a page with a
+    diagram, a plot or a formula (docs/assets/loader.js), and are when an instant navigation
+    reaches one from a page without. One page of each combination, loaded directly."""
     uses: dict[str, frozenset[str]] = {}
     for path in checks.built_pages(site_dir):
         text = (site_dir / path / "index.html").read_text(encoding="utf-8")
@@ -123,7 +127,7 @@ def test_mermaid_and_vega_load_only_on_pages_that_use_them(visitor, site_dir):
         got = sorted({visitor.path_of(url) for url in guard.requests} & every)
         if got != want:
             problems.append(f"{checks.page_id(path)} ({how}): requested {got}, want {want}")
-        found = checks.check_mermaid(page) + checks.check_plots(page)
+        found = checks.check_mermaid(page) + checks.check_plots(page) + checks.check_katex(page)
         found += guard.network_problems() + guard.console_problems()
         problems.extend(f"{checks.page_id(path)} ({how}): {p}" for p in found)
 
