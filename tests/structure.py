@@ -208,8 +208,8 @@ def asset_errors(root: Path) -> list[str]:
 
 
 def data_errors(root: Path) -> list[str]:
-    """The published data files load and validate (hardware, model configs, taxonomy, glossary,
-    request lengths, host links)."""
+    """The published data files load and validate (hardware and its host links, model configs,
+    taxonomy, glossary, request lengths)."""
     from snippets.common.datafile import DataFileError, load_host_links, load_request_lengths
     from snippets.common.hardware import HardwareDataError, load_hardware
     from snippets.common.models.kv_configs import KVDataError, load_kv_configs
@@ -222,6 +222,10 @@ def data_errors(root: Path) -> list[str]:
         try:
             hardware = load_hardware(data / "hardware.yaml")
         except HardwareDataError as exc:
+            errors.append(str(exc))
+        try:
+            load_host_links(data / "hardware.yaml")
+        except DataFileError as exc:
             errors.append(str(exc))
     if (data / "qwen3.yaml").is_file():
         try:
@@ -240,13 +244,11 @@ def data_errors(root: Path) -> list[str]:
             load_kv_presets(data / "kv_presets.yaml")
         except (KVDataError, Qwen3DataError) as exc:
             errors.append(str(exc))
-    for name, load in (("request_lengths.yaml", load_request_lengths),
-                       ("host_links.yaml", load_host_links)):  # fmt: skip
-        if (data / name).is_file():
-            try:
-                load(data / name)
-            except DataFileError as exc:
-                errors.append(str(exc))
+    if (data / "request_lengths.yaml").is_file():
+        try:
+            load_request_lengths(data / "request_lengths.yaml")
+        except DataFileError as exc:
+            errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:
             load_glossary(data / "glossary.yaml", load_taxonomy(data / "taxonomy.yaml"), hardware)

@@ -1,10 +1,11 @@
-"""Small published-data files of data/: a top-level mapping of entries, each with a name, a few
+"""Small published-data tables of data/: a top-level key mapping entries, each with a name, a few
 positive numbers and 1-3 sources (url and what). Errors name the file, the line, the entry and
-the field: ``data/host_links.yaml:19: link 'pcie-gen5-x16': field 'total_gb_per_s': expected a
+the field: ``data/hardware.yaml:129: link 'pcie-gen5-x16': field 'total_gb_per_s': expected a
 positive number, got 'fast'``.
 
 - data/request_lengths.yaml: mean request lengths of published serving workloads;
-- data/host_links.yaml: peak bandwidth of the links between a GPU and its host's memory.
+- data/hardware.yaml's `host_links`: peak bandwidth of the links between a GPU and its host's
+  memory (its `gpus` are snippets/common/hardware.py's).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 REQUEST_LENGTHS = DATA / "request_lengths.yaml"
-HOST_LINKS = DATA / "host_links.yaml"
+HARDWARE = DATA / "hardware.yaml"  # its `host_links` section
 
 
 class DataFileError(ValueError):
@@ -85,5 +86,6 @@ def load_request_lengths(path: Path | None = None) -> dict[str, dict]:
 
 
 def load_host_links(path: Path | None = None) -> dict[str, dict]:
-    """Link id -> name, total_gb_per_s (both directions together), sources."""
-    return load_entries(Path(path or HOST_LINKS), "links", "link", ("total_gb_per_s",))
+    """Link id -> name, total_gb_per_s (both directions together), sources: the `host_links`
+    section of data/hardware.yaml (or of the hardware file at `path`)."""
+    return load_entries(Path(path or HARDWARE), "host_links", "link", ("total_gb_per_s",))

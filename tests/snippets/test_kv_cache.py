@@ -209,10 +209,8 @@ def test_calculator_without_room_fits_nothing():
     [
         ('    params_b: "13"\n', "    params_b: 13\n", "'params_b': a number as printed", None),
         ('    params_b: "13"\n', "", "'params_b': needed, with the source", "  opt-13b:"),
-        ("  opt-13b:  # MHA", "  opt-14b:  # MHA", "no such model here", None),
+        ("  opt-13b:  # MHA", "  opt-14b:  # MHA", "no such model in kv_models.yaml", None),
         ("  qwen3-8b: {}", '  qwen3-8b: {params_b: "8"}', "counted from config", None),
-        ("      num_key_value_heads: 8\n      hidden_size: 4096\n",
-         "      num_key_value_heads: x\n      hidden_size: 4096\n", "a positive int", None),
     ],
 )  # fmt: skip
 def test_bad_preset_data_names_file_line_and_field(tmp_path, old, new, message, at):
@@ -228,6 +226,24 @@ def test_bad_preset_data_names_file_line_and_field(tmp_path, old, new, message, 
         load_kv_presets(path)
     line = text[: text.index(at or old)].count("\n") + 1
     assert str(err.value).startswith(f"{path}:{line}:")
+
+
+def test_a_menu_model_s_config_is_checked_in_kv_models(tmp_path):
+    """The menu's models live in data/kv_models.yaml; a bad config there names that file's line."""
+    from snippets.common.models import kv_configs, kv_presets, qwen3_configs
+
+    for source in (kv_presets.DEFAULT_PATH, qwen3_configs.DEFAULT_PATH):
+        (tmp_path / source.name).write_text(source.read_text("utf-8"), encoding="utf-8")
+    text = kv_configs.DEFAULT_PATH.read_text(encoding="utf-8")
+    llama = text.index("  llama-3-8b:")
+    old = "      num_key_value_heads: 8\n"
+    at = text.index(old, llama)
+    path = tmp_path / "kv_models.yaml"
+    path.write_text(text[:at] + "      num_key_value_heads: x\n" + text[at + len(old) :], "utf-8")
+    line = text[:at].count("\n") + 1
+    with pytest.raises(KVDataError, match="a positive int") as err:
+        load_kv_presets(tmp_path / "kv_presets.yaml")
+    assert str(err.value).startswith(f"{path}:{line}: model 'llama-3-8b': "), err.value
 
 
 def test_structure_check_reports_a_broken_preset_file(tmp_path):
@@ -687,6 +703,22 @@ def test_geometric_lengths_have_the_published_means():
         geometric(rng, 0.5)
 
 
+def test_structure_check_reports_a_broken_host_link(tmp_path):
+    from snippets.common.datafile import HARDWARE
+    from tests.structure import data_errors
+
+    text = HARDWARE.read_text(encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "hardware.yaml").write_text(
+        text.replace("total_gb_per_s: 128", "total_gb_per_s: fast", 1), encoding="utf-8"
+    )
+    line = text[: text.index("total_gb_per_s: 128")].count("\n") + 1
+    assert data_errors(tmp_path) == [
+        f"data/hardware.yaml:{line}: link 'pcie-gen5-x16': field 'total_gb_per_s': "
+        "expected a positive number, got 'fast'"
+    ]
+
+
 def test_trace_reads_its_workload_from_data():
     sharegpt, alpaca = make_trace(2000, seed=5), make_trace(2000, seed=5, workload="alpaca")
     mean = lambda trace, f: sum(getattr(r, f) for r in trace) / len(trace)  # noqa: E731
@@ -698,12 +730,13 @@ def test_trace_reads_its_workload_from_data():
 @pytest.mark.parametrize(
     ("file", "old", "new", "at", "message"),
     [
-        ("host_links.yaml", "total_gb_per_s: 128", "total_gb_per_s: fast", "total_gb_per_s: fast",
+        ("hardware.yaml", "total_gb_per_s: 128", "total_gb_per_s: fast", "total_gb_per_s: fast",
          "link 'pcie-gen5-x16': field 'total_gb_per_s': expected a positive number, got 'fast'"),
-        ("host_links.yaml", "    total_gb_per_s: 900\n", "", "  nvlink-c2c:",
+        ("hardware.yaml", "    total_gb_per_s: 900\n", "", "  nvlink-c2c:",
          "link 'nvlink-c2c': field 'total_gb_per_s': missing"),
-        ("host_links.yaml", "      - url: https://developer", "      - url: http://developer",
-         "      - url: http://developer", "link 'nvlink-c2c': field 'sources': each url must be"),
+        ("hardware.yaml", "      - url: https://developer.nvidia.com/blog/nvidia-grace",
+         "      - url: http://developer.nvidia.com/blog/nvidia-grace", "      - url: http://",
+         "link 'nvlink-c2c': field 'sources': each url must be"),
         ("request_lengths.yaml", "mean_output_tokens: 58.45", "mean_output_tokens: -58.45",
          "-58.45", "workload 'alpaca': field 'mean_output_tokens': expected a positive number"),
         ("request_lengths.yaml", "    name: ShareGPT", "    nmae: ShareGPT", "nmae",
@@ -719,7 +752,7 @@ def test_bad_published_data_names_file_line_and_field(tmp_path, file, old, new, 
     assert old in text
     path = tmp_path / file
     path.write_text(text.replace(old, new, 1), encoding="utf-8")
-    load = load_host_links if file == "host_links.yaml" else load_request_lengths
+    load = load_host_links if file == "hardware.yaml" else load_request_lengths
     with pytest.raises(DataFileError, match=re.escape(message)) as err:
         load(path)
     lines = path.read_text(encoding="utf-8").splitlines()

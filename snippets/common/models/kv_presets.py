@@ -1,9 +1,10 @@
 """The kv-cache calculator's model menu, from data/kv_presets.yaml (the file says what it holds).
 
-`load_kv_presets()` returns the menu in order, each entry with its config (data/kv_presets.yaml's
-`models`, data/kv_models.yaml or data/qwen3.yaml) and its parameter count as printed (None for
-a Qwen3 model, whose parameters are counted from its config). Errors name the file and the line:
-``data/kv_presets.yaml:40: preset 'opt-13b': field 'params_b': a number as printed, quoted: "13"``.
+`load_kv_presets()` returns the menu in order, each entry with its config (data/kv_models.yaml or
+data/qwen3.yaml, the files beside it) and its parameter count as printed (None for a Qwen3 model
+of data/qwen3.yaml, whose parameters are counted from its config). Errors name the file and the
+line: ``data/kv_presets.yaml:23: preset 'opt-13b': field 'params_b': a number as printed, quoted:
+"13"``.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ def _fail(path: Path, node: yaml.Node, preset: str, field: str, problem: str):
 
 def load_kv_presets(path: Path | None = None) -> list[Preset]:
     path = Path(path) if path is not None else DEFAULT_PATH
-    own = load_kv_configs(path)  # `models`, in data/kv_models.yaml's schema
     shared = load_kv_configs(path.parent / "kv_models.yaml")  # the files beside it
     qwen3 = load_qwen3_configs(path.parent / "qwen3.yaml")
     root = yaml.compose(path.read_text(encoding="utf-8"))
@@ -50,13 +50,12 @@ def load_kv_presets(path: Path | None = None) -> list[Preset]:
         given = {k.value: v for k, v in entry.value} if isinstance(entry, yaml.MappingNode) else {}
         if not isinstance(entry, yaml.MappingNode) or set(given) - {*COUNTS, "source"}:
             _fail(path, key, name, "-", f"a mapping of {', '.join(COUNTS)} and source")
-        if name in own or name in shared:
-            found = own.get(name) or shared[name]
-            config, urls = found["config"], found["sources"]
+        if name in shared:
+            config, urls = shared[name]["config"], shared[name]["sources"]
         elif name in qwen3:
             config, urls = dict(qwen3[name].fields), list(qwen3[name].sources)
         else:
-            _fail(path, key, name, "-", "no such model here, in kv_models.yaml or in qwen3.yaml")
+            _fail(path, key, name, "-", "no such model in kv_models.yaml or in qwen3.yaml")
         counts = {}
         for field in COUNTS:
             node = given.get(field)
@@ -65,7 +64,7 @@ def load_kv_presets(path: Path | None = None) -> list[Preset]:
             if node.tag != "tag:yaml.org,2002:str" or not node.value.replace(".", "", 1).isdigit():
                 _fail(path, node, name, field, f'a number as printed, quoted: "{node.value}"')
             counts[field] = node.value
-        if name in qwen3 and name not in own and (counts or "source" in given):
+        if name in qwen3 and name not in shared and (counts or "source" in given):
             _fail(path, key, name, "params_b", "a Qwen3 model of qwen3.yaml is counted from config")
         if name not in qwen3 and ("params_b" not in counts or "source" not in given):
             _fail(path, key, name, "params_b", "needed, with the source that prints it")
