@@ -168,7 +168,8 @@ table2 = {"FlashAttention-3": 3.538, "no pipelining, warp-specialized": 4.021,
           "pipelining, no warp specialization": 4.105}  # fmt: skip
 print([round(flops / (ms * 1e-3) / 1e12) for ms in table2.values()])
 #> [661, 582, 570]
-# utilization: FA2's 225 TFLOP/s per A100 (abstract), FA3's 740 on the H100 (abstract)
+# utilization: FA2's 225 TFLOP/s per A100 training GPT models end to end (abstract, Table 1:
+# model FLOPs, attention and the rest), FA3's 740 of its forward kernel on the H100 (abstract)
 print(f"{225 / a100.bf16_dense_tflops:.0%} {740 / h100.bf16_dense_tflops:.0%}")
 #> 72% 75%
 # --8<-- [end:papers]
