@@ -120,8 +120,14 @@ for n in (512, 1024, 2048, 4096, 8192, 16384):
                          "attainable_tflops": roof})  # fmt: skip
 cross = {f"{model}_{pass_}": crossing(d, ridge, fn, pass_, **kw)
          for model, (fn, kw) in models.items() for pass_ in ("forward", "backward")}  # fmt: skip
-print(f"ridge {ridge:.0f} FLOP/B; limits: standard d / 2 = {d // 2}, tiled 2 block / 2 = {block}")
-#> ridge 206 FLOP/B; limits: standard d / 2 = 64, tiled 2 block / 2 = 128
+print(f"ridge {ridge:.0f} FLOP/B")
+#> ridge 206 FLOP/B
+# the limits as n grows, 2-byte elements: forward d / 2 and 2 block / 2; backward (the papers'
+# 2.5x FLOPs) 10 d / (7 x 2) over the 7 n^2 reads and writes of P, dP, dS, and about 2.5 block / 2
+limits = {f"{m}_{p}": round(intensity(2**24, d, models[m][0], p, **models[m][1]))
+          for m in ("standard", "tiled") for p in ("forward", "backward")}  # fmt: skip
+print(limits)
+#> {'standard_forward': 64, 'standard_backward': 91, 'tiled_forward': 128, 'tiled_backward': 159}
 print([name for name, n in cross.items() if n is None])  # never reach the ridge
 #> ['standard_forward', 'standard_backward', 'tiled_forward', 'tiled_backward']
 print(cross["floor_forward"], cross["floor_backward"])  # shortest lengths that do
@@ -168,7 +174,8 @@ table2 = {"FlashAttention-3": 3.538, "no pipelining, warp-specialized": 4.021,
           "pipelining, no warp specialization": 4.105}  # fmt: skip
 print([round(flops / (ms * 1e-3) / 1e12) for ms in table2.values()])
 #> [661, 582, 570]
-# utilization: FA2's 225 TFLOP/s per A100 (abstract), FA3's 740 on the H100 (abstract)
+# utilization: FA2's 225 TFLOP/s per A100 training GPT models end to end (abstract, Table 1:
+# model FLOPs, attention and the rest), FA3's 740 of its forward kernel on the H100 (abstract)
 print(f"{225 / a100.bf16_dense_tflops:.0%} {740 / h100.bf16_dense_tflops:.0%}")
 #> 72% 75%
 # --8<-- [end:papers]
