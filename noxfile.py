@@ -155,15 +155,19 @@ def gpu_docs(session: nox.Session) -> None:
     `nox -s gpu_docs`                   posts whose results are stale or missing, plus every
                                         CUDA-only test of the others
     `-- <slug>...` / `-- --all`         these posts / every post and every CUDA-only test
-    `-- --shard i/n`                    the i-th of n shares of the chosen posts
+    `-- --shard i/n`                    the i-th of n shares of the chosen posts (the last
+                                        share also runs the CUDA-only tests of the others)
     `-- --verify <slug>...`             measure into a scratch folder, leave results/ alone, and
                                         print whether each claim holds on this machine
+    `-- --no-downloads`                 measure only, without running each post's download (a
+                                        second run to compare with; the first one runs them)
     No venv, no network: uses the interpreter that has CUDA torch. Each post runs from a cold
     start (fresh Triton, Inductor and CUDA caches) and must fit BUDGET_S seconds.
     """
     args = list(session.posargs)
     verify = "--verify" in args
     every = "--all" in args
+    downloads_too = "--no-downloads" not in args
     shard = None
     if "--shard" in args:
         at = args.index("--shard")
@@ -171,7 +175,8 @@ def gpu_docs(session: nox.Session) -> None:
             session.error("gpu_docs: --shard needs i/n")
         shard = args.pop(at + 1)
     slugs = [a for a in args if not a.startswith("--")]
-    unknown = [a for a in args if a.startswith("--") and a not in ("--verify", "--all", "--shard")]
+    options = ("--verify", "--all", "--shard", "--no-downloads")
+    unknown = [a for a in args if a.startswith("--") and a not in options]
     if unknown:
         session.error(f"gpu_docs: unknown option(s) {' '.join(unknown)}")
     missing = sorted(set(slugs) - set(post_slugs()))
@@ -191,8 +196,10 @@ def gpu_docs(session: nox.Session) -> None:
         if due.returncode != 0:
             session.error(f"gpu_docs: could not tell which posts are due:\n{due.stderr}")
         slugs = due.stdout.split()
+    chosen = list(slugs)
     if shard:
         slugs = _shard(slugs, shard, session)
+    last_shard = shard is None or shard.split("/")[0] == shard.split("/")[1]
     base = ROOT / "results"
     if verify:
         base = Path(tempfile.mkdtemp(prefix="handbook-verify-"))
@@ -200,7 +207,9 @@ def gpu_docs(session: nox.Session) -> None:
         session.log(f"--verify: measuring into {base}; results/ stays as it is")
     env["HANDBOOK_RESULTS_DIR"] = str(base)
     run_dir = Path(tempfile.mkdtemp(prefix="handbook-run-"))
-    downloads, reader_path = build_downloads(session, run_dir)
+    downloads, reader_path = (None, None)
+    if downloads_too:
+        downloads, reader_path = build_downloads(session, run_dir)
     env["HANDBOOK_CEILINGS"] = str(run_dir / "ceilings.json")  # measured once, by the first post
     rows, failed = [], []
     for slug in slugs:
@@ -237,6 +246,9 @@ def gpu_docs(session: nox.Session) -> None:
         n_claims = claims.stdout.count(": holds: ") + claims.stdout.count(": FAILS: ")
         rows.append((slug, wall, n_claims, "; ".join(problems) or "ok"))
         failed += [slug] if problems else []
+        if not downloads_too:
+            shutil.rmtree(cold, ignore_errors=True)
+            continue
         session.log(f"gpu_docs: {slug}'s download, in a fresh folder")
         download = downloads_run.run(
             downloads / f"{slug}.py", cold / "download", reader_path,
@@ -253,9 +265,9 @@ def gpu_docs(session: nox.Session) -> None:
                      "; ".join(download.problems) or "ok"))  # fmt: skip
         failed += [f"{slug} (download)"] if download.problems else []
         shutil.rmtree(cold, ignore_errors=True)
-    if not shard and (every or not session.posargs):  # the CUDA-only tests of the others
+    if last_shard and (every or shard or not session.posargs):  # CUDA-only tests of the rest
         others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
-                  if not any(p == markup.test_file_of(ROOT, s) for s in slugs)
+                  if not any(p == markup.test_file_of(ROOT, s) for s in chosen)
                   and "e2e" not in p.parts]  # fmt: skip
         t0 = time.perf_counter()
         rest = subprocess.run(

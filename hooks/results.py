@@ -72,7 +72,9 @@ def number(value, spec: str | None) -> str:
     if isinstance(stat, Stat) and stat.n:
         clock = "，从 Python 计时" if stat.clock == "python" else ""
         span = f"{fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}（{spread_text(stat)}）"
-        title = f"中位数；{stat.n} 次重复，去掉最快、最慢各一次后的范围 {span}{clock}"
+        trim = stat.n // 6  # as Stat.of leaves them out
+        kept = f"去掉最快、最慢各 {trim} 次后的范围" if trim else "全部重复的范围"
+        title = f"中位数；{stat.n} 次重复，{kept} {span}{clock}"
         return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
     return text
 
@@ -162,7 +164,7 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
     timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
                 for r in rows for k, _ in cols)  # fmt: skip
     if timed:
-        trimmed = "计时为多次重复的中位数；± 为去掉最快、最慢各一次之后与中位数的最大偏离"
+        trimmed = "计时为多次重复的中位数；± 为去掉最快、最慢各六分之一（7 次去 1 次，15 次去 2 次）之后与中位数的最大偏离"
         legends.insert(0, trimmed)
     lines += (
         ["", f'<p class="result-note">{html.escape("；".join(legends))}</p>'] if legends else []
@@ -340,7 +342,7 @@ def data_table(spec: dict, data: list[dict], caption: str) -> str:
             cells.append(f"<td>{html.escape(text)}</td>")
         rows.append(f"<tr>{''.join(cells)}</tr>")
     timed = any(f"{f}_lo" in r for f, _ in fields for r in data)
-    note = "；括号内为去掉最快、最慢各一次后的范围" if timed else ""
+    note = "；括号内为去掉最快、最慢各六分之一重复后的范围" if timed else ""
     title = html.escape(f"{TABLE_SUMMARY}（{len(data)} 行{note}）")
     label = html.escape(caption) if caption else ""
     cap = f"<caption>{label}</caption>" if label else ""

@@ -73,3 +73,36 @@ def test_kernel_ms_by_splits_a_call_by_kernel_class():
     assert set(by) == {"gemm", "other"} and all(c["kernels"] >= 1 for c in by.values())
     total = by["gemm"]["ms"].median + by["other"]["ms"].median
     assert abs(total / kernel_ms(step).median - 1) < 0.1
+
+
+def test_step_ms_times_each_step_and_takes_the_median():
+    """A sleep of 2 ms per step, with one step in eight ten times as long: the median step
+    ignores the slow ones (the mean of the repeat would be 4.25 ms)."""
+    import time
+
+    from snippets.common.bench import PYTHON_REPEATS, step_ms
+
+    count = [0]
+
+    def step():
+        count[0] += 1
+        time.sleep(0.02 if count[0] % 8 == 0 else 0.002)
+
+    t = step_ms(step, calls=8, settle_s=0.05)
+    assert t.n == PYTHON_REPEATS and t.clock == "python"
+    assert 2.0 <= t.median < 2.6, t
+
+
+def test_kernel_ms_each_leaves_the_settling_run_out():
+    """Settling runs go inside the profiler session but not into the repeats: the same
+    timings with and without them, and one Stat per callable."""
+    import torch
+
+    from snippets.common.bench import kernel_ms_each
+
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.randn(1 << 22, device="cuda")
+    big, small = kernel_ms_each([lambda: x.mul_(1.0), lambda: y.mul_(1.0)], interleave=False,
+                                settle_ms=20.0)  # fmt: skip
+    assert big.n == small.n == 7
+    assert 2.5 < big.median / small.median < 5.5  # 4x the bytes, and small is latency-bound

@@ -105,7 +105,7 @@ def test_a_plot_has_a_text_alternative_and_its_records_as_a_table(hook, results)
         "按实现分 2 个系列（ours、a|b）；共 2 个数据点，数值见图下的“数据表”。"
     )
     table = re.search(r'<details class="result-data"><summary>(.*?)</summary>(.*)</details>', html)
-    assert table[1] == "数据表（2 行；括号内为去掉最快、最慢各一次后的范围）"
+    assert table[1] == "数据表（2 行；括号内为去掉最快、最慢各六分之一重复后的范围）"
     assert "<th>强度 (FLOP/B)</th><th>时间 (ms)</th><th>实现</th>" in table[2]
     assert "<tr><td>300</td><td>1（0.98–1.03）</td><td>a|b</td></tr>" in table[2]
     assert table[2].count("<tr>") == 3  # the head and one row per record
@@ -121,7 +121,7 @@ def test_a_plot_has_a_text_alternative_and_its_records_as_a_table(hook, results)
 def test_numbers_show_their_range_and_claims_their_expression(hook):
     text = hook.number(VALUES["rows"][1]["ms"], ".2f")
     assert text.startswith(
-        '<span class="measured" title="中位数；7 次重复，去掉最快、最慢各一次后的范围 0.98–1.03'
+        '<span class="measured" title="中位数；7 次重复，去掉最快、最慢各 1 次后的范围 0.98–1.03'
     )
     assert "从 Python 计时" in text and text.endswith(">1.00</span>")
     assert hook.number(4.25, ".1f") == "4.2"

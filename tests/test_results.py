@@ -246,6 +246,19 @@ def test_wide_timing_spread_fails_naming_the_value(monkeypatch):
         res.build_record("measured", "demo", "x", {"rows": [{"ms": noisy}]}, Path(__file__))
 
 
+def test_rejected_values_are_kept_outside_results(monkeypatch, tmp_path):
+    """A run that fails the spread check loses nothing: the values go to .rejected/, which no
+    gate or page reads, and the error names the file."""
+    monkeypatch.setenv(res.RESULTS_DIR_ENV, str(tmp_path / "results"))
+    monkeypatch.setattr(res, "_caller_file", lambda: tmp_path / "snippets" / "demo" / "bench.py")
+    noisy = res.Stat.of([1.0, 1.0, 1.0, 1.0, 1.2], "gpu-graph")
+    with pytest.raises(res.ResultError, match=r"ms = 1 ±20\.0%.*\.rejected/demo/x\.json"):
+        res.write_result("demo", "x", {"rows": [{"ms": noisy}]}, root=tmp_path)
+    kept = json.loads((tmp_path / ".rejected" / "demo" / "x.json").read_text())
+    assert kept["rows"][0]["ms"]["hi"] == 1.2
+    assert not (tmp_path / "results").exists()
+
+
 def test_measurements_are_written_by_the_runner_only(monkeypatch):
     monkeypatch.delenv(res.RESULTS_DIR_ENV, raising=False)
     with pytest.raises(res.ResultError, match="`nox -s gpu_docs -- demo`"):

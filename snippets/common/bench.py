@@ -6,7 +6,9 @@ Three clocks, each named in the record:
   kernel_ms  GPU time: the durations of the kernels the calls launched (CUPTI, via
              torch.profiler), summed; gaps between kernels are not counted;
   python_ms  time seen from Python: wall clock around `calls` calls and a synchronize, CPU
-             overhead included, as a training loop sees it.
+             overhead included, as a training loop sees it;
+  step_ms    time seen from Python per step of a loop that waits for each step (a decode loop
+             that reads each token): the median step of each repeat, after a settling time.
 Every benchmark states its byte or FLOP model; rates are reported against the ceilings measured
 in the same run (ceilings()), and against the datasheet peak from data/hardware.yaml.
 """
@@ -69,14 +71,18 @@ def _quiet():
             gc.enable()
 
 
-def _calls_for(fn, target_ms: float, max_calls: int) -> int:
-    """Calls per repeat so that one repeat takes about target_ms (from a rough first timing)."""
+def _once_ms(fn) -> float:
+    """A rough timing of one synchronised call."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     fn()
     torch.cuda.synchronize()
-    once = (time.perf_counter() - t0) * 1e3
-    return max(1, min(max_calls, math.ceil(target_ms / max(once, 1e-3))))
+    return max((time.perf_counter() - t0) * 1e3, 1e-3)
+
+
+def _calls_for(fn, target_ms: float, max_calls: int) -> int:
+    """Calls per repeat so that one repeat takes about target_ms (from a rough first timing)."""
+    return max(1, min(max_calls, math.ceil(target_ms / _once_ms(fn))))
 
 
 @_traced
@@ -181,35 +187,51 @@ def _kernel_sums(fn, repeats: int, calls: int, classify) -> list[dict]:
 
 @_traced
 def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms: float = 10.0,
-              warmup: int = 2) -> Stat:  # fmt: skip
+              warmup: int = 2, settle_ms: float = 0.0) -> Stat:  # fmt: skip
     """GPU time of one call of `fn`: its kernels' durations (CUPTI) summed, per repeat of
     `calls` calls (by default as many as take about target_ms). Works for anything, capturable
-    or not; time the GPU waits is not counted."""
-    for _ in range(warmup):
-        fn()
-    calls = calls or _calls_for(fn, target_ms, 1000)
-    sums = _kernel_sums(fn, repeats, calls, lambda name: None)
-    return Stat.of([s[None][0] / calls / 1e3 for s in sums], "gpu-kernels")
+    or not; time the GPU waits is not counted. settle_ms: an untimed run of `fn` that long
+    inside the profiler session, right before the repeats (see kernel_ms_each)."""
+    if settle_ms <= 0:
+        for _ in range(warmup):
+            fn()
+        calls = calls or _calls_for(fn, target_ms, 1000)
+        sums = _kernel_sums(fn, repeats, calls, lambda name: None)
+        return Stat.of([s[None][0] / calls / 1e3 for s in sums], "gpu-kernels")
+    return kernel_ms_each([fn], repeats=repeats, calls=calls, target_ms=target_ms,
+                          warmup=warmup, interleave=False, settle_ms=settle_ms)[0]  # fmt: skip
 
 
 @_traced
 def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
-                   target_ms: float = 10.0, warmup: int = 2,
-                   interleave: bool = True) -> list[Stat]:  # fmt: skip
+                   target_ms: float = 10.0, warmup: int = 2, interleave: bool = True,
+                   settle_ms: float = 0.0) -> list[Stat]:  # fmt: skip
     """kernel_ms of several callables in one profiler session (a session costs about 0.4 s to
     start, stop and read on the H200 machine). interleave: repeat i of each callable in turn,
     then repeat i + 1, so a change of the GPU's clocks reaches all of them alike (steps of one
     kind of work); otherwise every repeat of one callable, then the next, so each is timed in
     its own steady clock state (large matmuls among small memory-bound operators: timed in
-    turn with them, a matmul ran faster and spread wider than on its own)."""
+    turn with them, a matmul ran faster and spread wider than on its own). settle_ms (not
+    interleaved): before each callable's repeats, an untimed run of about that long inside the
+    session, so the clocks leave the state that the previous callable, or the idle GPU while
+    the profiler started, left them in (settled outside the session, a matmul's first repeats
+    still ran about 10 % fast: the GPU idles while the profiler starts)."""
     fns = list(fns)
+    t0 = time.perf_counter()
     for fn in fns:
         for _ in range(warmup):
             fn()
-    per = [calls or _calls_for(fn, target_ms, 1000) for fn in fns]
-    order = ([(i, k) for i in range(repeats) for k in range(len(fns))] if interleave
-             else [(i, k) for k in range(len(fns)) for i in range(repeats)])  # fmt: skip
-    sums = split_runs(_profile([(fns[k], per[k]) for _, k in order]), len(order), lambda n: None)
+    once = [_once_ms(fn) for fn in fns]
+    per = [calls or max(1, min(1000, math.ceil(target_ms / t))) for t in once]
+    _trace(time.perf_counter() - t0, "(warm-up: compiles, autotuning)", "kernel_ms_each")
+    if interleave:
+        order = [(i, k) for i in range(repeats) for k in range(len(fns))]
+    else:
+        settle = [math.ceil(settle_ms / t) if settle_ms > 0 else 0 for t in once]
+        order = [(i, k) for k in range(len(fns))
+                 for i in ([-1] if settle[k] else []) + list(range(repeats))]  # fmt: skip
+    runs = [(fns[k], per[k] if i >= 0 else settle[k]) for i, k in order]
+    sums = split_runs(_profile(runs), len(order), lambda n: None)
     ms = {ik: s[None][0] / per[ik[1]] / 1e3 for ik, s in zip(order, sums, strict=True)}
     return [Stat.of([ms[i, k] for i in range(repeats)], "gpu-kernels") for k in range(len(fns))]
 
@@ -248,6 +270,38 @@ def python_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int | None = None,
                 fn()
             torch.cuda.synchronize()
             samples.append((time.perf_counter() - t0) * 1e3 / calls)
+    return Stat.of(samples, "python")
+
+
+@_traced
+def step_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int = 16, settle_s: float = 1.0,
+            warmup: int = 3) -> Stat:  # fmt: skip
+    """Time seen from Python per step of a loop that waits for each step's result (a decode
+    loop that reads every token): each call is followed by a synchronize and timed alone; a
+    repeat's value is the median of its `calls` steps (an occasional slow step, a CPU hiccup,
+    does not move it). Before timing, `fn` runs for settle_s seconds: on the H200 machine the
+    host CPU ran at half speed for about a second after a model was built (a pure-Python loop
+    interleaved with the steps slowed down 2x as well), and then held steady."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < settle_s:
+        fn()
+        torch.cuda.synchronize()
+    samples = []
+    with _quiet():
+        for _ in range(repeats):
+            steps = []
+            for _ in range(calls):
+                t1 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                steps.append(time.perf_counter() - t1)
+            steps.sort()
+            mid = len(steps) // 2
+            median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+            samples.append(median * 1e3)
     return Stat.of(samples, "python")
 
 

@@ -44,6 +44,7 @@ UPDATE_ENV = "HANDBOOK_UPDATE_RECORDS"  # set by `pytest --update-examples`: rew
 COMMIT_ENV, DIRTY_ENV = "HANDBOOK_COMMIT", "HANDBOOK_DIRTY"
 KINDS = ("measured", "computed")
 CLOCKS = ("gpu-graph", "gpu-kernels", "python")  # how a timing was taken
+REJECTED_DIR = ".rejected"  # write_result keeps values that failed a check here (git-ignored)
 RECORDER = "snippets/common/results.py"  # stores numbers, measures nothing: not a source
 FIELDS = ("schema", "kind", "slug", "name", "values", "provenance", "sources", "checksum")
 READER: str | None = None  # a page's download is running (its slug): compare and print only
@@ -430,7 +431,16 @@ def write_result(slug: str, name: str, values: dict, *, root: Path = ROOT) -> Pa
             f" (or `-- --verify {slug}` to measure without touching results/)"
         )
     measured_by = _caller_file()
-    record = build_record("measured", slug, name, values, measured_by, root)
+    try:
+        record = build_record("measured", slug, name, values, measured_by, root)
+    except ResultError as e:  # keep what was measured for a look, outside results/
+        kept = root / REJECTED_DIR / slug / f"{name}.json"
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            kept.write_text(json.dumps(_plain(values, "", []), ensure_ascii=False, indent=1))
+        except (ResultError, OSError):
+            raise e from None
+        raise ResultError(f"{e} (the rejected values: {kept.relative_to(root)})") from None
     return _dump(record, results_dir(root) / slug / f"{name}.json")
 
 

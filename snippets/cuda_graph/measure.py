@@ -1,7 +1,8 @@
 """Timing decode steps and training steps: eager, CUDA graph, torch.compile(reduce-overhead).
 
-Every time is seen from Python (snippets.common.bench.python_ms): the wall clock of a run of
-back-to-back calls, as a generation or training loop waits for it, CPU overhead included.
+Every time is seen from Python, CPU overhead included: a decode step by step_ms (each step
+waited for, as a loop that reads every token; the median step of each repeat), a training step
+by python_ms (the wall clock of back-to-back steps).
 """
 
 import time
@@ -9,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from snippets.common.bench import python_ms
+from snippets.common.bench import python_ms, step_ms
 from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM
 from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
@@ -20,7 +21,7 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 8 laye
     num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=8)  # Qwen3-8B's widths, 8 layers
-CALLS = 16  # decode steps per timed repeat (of 15): an eager step is 8-14 ms of CPU work
+CALLS = 16  # decode steps per timed repeat (of 15): an eager step is 7-14 ms of CPU work
 # --8<-- [end:configs]
 
 
@@ -65,9 +66,9 @@ def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> l
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = python_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS, warmup=CALLS)  # noqa: B023
-        # a full repeat of warm-up: the GPU idled through the eager timing, now it is busy
-        graph = python_ms(lambda: graphed(tokens, at), calls=CALLS, warmup=CALLS)  # noqa: B023
+        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS)  # noqa: B023
+        # a shorter settling time: a replay is mostly GPU time
+        graph = step_ms(lambda: graphed(tokens, at), calls=CALLS, settle_s=0.25)  # noqa: B023
         rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
                      "tokens_per_s": b / graph * 1e3})  # fmt: skip
     return rows
@@ -88,7 +89,7 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
     step(tokens, at)
     compile_s = time.perf_counter() - t0
     # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records
-    ms = python_ms(lambda: step(tokens, at), calls=CALLS, warmup=CALLS)
+    ms = step_ms(lambda: step(tokens, at), calls=CALLS, warmup=CALLS, settle_s=0.25)
     return {"compile_ms": ms, "compile_s": compile_s,
             "cudagraph_skipped": counters["cudagraph_skips"] > skips}  # fmt: skip
 

@@ -27,8 +27,10 @@ if gpu is None:
     raise RuntimeError(f"{torch.cuda.get_device_name()} is not in data/hardware.yaml")
 
 
-def gpu_times(fns):  # the kernels' own time (CUPTI), one profiler session, about 5 ms per repeat
-    return kernel_ms_each(fns, target_ms=5.0)
+def gpu_times(fns):  # the kernels' own time (CUPTI), one profiler session, about 5 ms per repeat;
+    # each callable's repeats back to back after 30 ms of it: timed in turn, the slowest backend's
+    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel)
+    return kernel_ms_each(fns, target_ms=5.0, interleave=False, settle_ms=30.0)
 
 
 impls, missing = implementations(IMPLS, "cuda")

@@ -4,7 +4,7 @@ import time
 
 import torch
 
-from snippets.common.bench import ceilings, kernel_ms
+from snippets.common.bench import ceilings, kernel_ms_each
 from snippets.common.models.qwen3 import QWEN3_8B
 from snippets.common.results import write_result
 from snippets.qwen3_fusion.measure import (
@@ -18,10 +18,11 @@ from snippets.qwen3_fusion.measure import (
 BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16
 
 
-def gpu_times(fns):  # the kernels' own time, summed (CUPTI), one operator at a time: in one
-    # profiler session for all of them, matmuls spread ±5-9 % (timed in turn or one after the
-    # other); 100 ms a repeat: power-limited clocks move
-    return [kernel_ms(fn, target_ms=100.0) for fn in fns]
+def gpu_times(fns):  # the kernels' own time, summed (CUPTI), in one profiler session: each
+    # operator's repeats back to back, after 200 ms of it inside the session; 100 ms a repeat.
+    # Without the settling run, a matmul's first repeats ran about 10 % fast (the clocks of a
+    # power-limited GPU still held the state of the operator before, or of the idle GPU)
+    return kernel_ms_each(fns, target_ms=100.0, interleave=False, settle_ms=200.0)
 
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput

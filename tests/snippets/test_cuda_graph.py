@@ -144,13 +144,13 @@ def test_compiled_latency_with_a_stand_in_timer(monkeypatch):
     it loads the graph from its cache, so the flag is only checked to be a bool here.)"""
     seen = []
 
-    def stand_in(fn, *, calls, warmup=3):
-        seen.append((calls, warmup))
+    def stand_in(fn, *, calls, warmup=3, settle_s=1.0):
+        seen.append((calls, warmup, settle_s))
         fn()
         fn()
         return Stat.of([1.0] * 7, "python")
 
-    monkeypatch.setattr(measure, "python_ms", stand_in)
+    monkeypatch.setattr(measure, "step_ms", stand_in)
     torch._dynamo.reset()
     try:
         out = measure.compiled_latency(TINY, 2, torch.float32, max_len=16, pos=5, device="cpu")
@@ -159,7 +159,7 @@ def test_compiled_latency_with_a_stand_in_timer(monkeypatch):
     assert set(out) == {"compile_ms", "compile_s", "cudagraph_skipped"}
     assert out["compile_ms"] == Stat.of([1.0] * 7, "python") and out["compile_s"] > 0
     assert isinstance(out["cudagraph_skipped"], bool)
-    assert seen == [(measure.CALLS, measure.CALLS)]
+    assert seen == [(measure.CALLS, measure.CALLS, 0.25)]
 
 
 # GPU ---------------------------------------------------------------------------------------

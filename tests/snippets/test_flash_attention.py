@@ -411,6 +411,8 @@ def test_measurement_code_runs_at_tiny_shapes():
     want = [("attn_fwd", 0.25), ("attn_bwd_dq", 0.75)]
     assert [(r["kernel"], r["share"].median) for r in shares] == want
     assert m.kernel_of("triton_poi_fused_zeros_0") == "other"
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>"
+    assert m.kernel_of(fill) == "attn_bwd_delta"  # the zero fill joins the backward's preparation
     memory = m.peak_memory((16,), 32, 2, 16, DEVICE, torch.float32, lambda fn: 2**21,
                            {"ours": m.ours, "naive": m.naive})  # fmt: skip
     assert memory == [{"n": 16, "ours_mib": 2.0, "naive_mib": 2.0, "naive_over_ours": 1.0}]
