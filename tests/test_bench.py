@@ -20,10 +20,9 @@ def test_clocks_agree_on_a_large_matmul():
     )
     for t, n in ((graph, REPEATS), (kernels, REPEATS), (wall, PYTHON_REPEATS)):
         assert t.n == n and t.lo <= t.median <= t.hi, t
-    # the GPU clocks are steady; the Python clock on the H200 machine is not (this matmul
-    # spread ±8.5 % there, eager decode ±6-35 %): results.py rejects such timings, the test
-    # checks the harness, not the host
-    assert graph.spread < 0.05 and kernels.spread < 0.05, (graph, kernels)
+    # no spread bound here: a 4096^3 matmul runs at the H200's power cap, where one graph_ms of
+    # it spread ±6.9 % in a gpu_docs run (the clocks drift); results.py holds every recorded
+    # timing to its bound, and this test checks the harness, not the host
     assert (graph.clock, kernels.clock, wall.clock) == ("gpu-graph", "gpu-kernels", "python")
     assert abs(kernels.median / graph.median - 1) < 0.1  # one kernel per call: no gaps
     assert wall.median > 0.9 * graph.median
