@@ -209,7 +209,7 @@ def asset_errors(root: Path) -> list[str]:
 
 def data_errors(root: Path) -> list[str]:
     """The published data files load and validate (hardware, model configs, taxonomy, glossary,
-    request lengths, host links)."""
+    request lengths, host links, the shared trained models' pins)."""
     from snippets.common.datafile import DataFileError, load_host_links, load_request_lengths
     from snippets.common.hardware import HardwareDataError, load_hardware
     from snippets.common.models.kv_configs import KVDataError, load_kv_configs
@@ -247,6 +247,13 @@ def data_errors(root: Path) -> list[str]:
                 load(data / name)
             except DataFileError as exc:
                 errors.append(str(exc))
+    if (data / "trained_models.yaml").is_file():
+        from snippets.common.models.trained_configs import TrainedDataError, load_trained_models
+
+        try:
+            load_trained_models(data / "trained_models.yaml")
+        except TrainedDataError as exc:
+            errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:
             load_glossary(data / "glossary.yaml", load_taxonomy(data / "taxonomy.yaml"), hardware)

@@ -1,20 +1,39 @@
-"""The shared models (issue 22) on the CPU: the MoE model against Hugging Face transformers.
+"""The shared trained models (issue 22) on the CPU: the corpus pin, the tokenizer and the MoE model
+against Hugging Face transformers.
 
-Tolerances as in tests/snippets/test_qwen3_fusion.py: 1e-12 in fp64 (both run the same
-operations), 2 * gamma_n * ||ref|| in fp32 with n the longest reduction of the config;
-transformers computes its losses in fp32, so those compare with fp32's gamma.
+Most tests use a toy pin built here: a wheel of this repository's snippets/ files, with the
+pin's hashes measured from it, so that every error path is exercised in milliseconds. One test
+rebuilds the real pin of data/trained_models.yaml (the sympy wheel, from .whl/ or downloaded by
+pip into the cache) and retrains the real tokenizer against its hash.
+
+Tolerances of the MoE comparison as in tests/snippets/test_qwen3_fusion.py: 1e-12 in fp64 (both
+run the same operations), 2 * gamma_n * ||ref|| in fp32 with n the longest reduction of the
+config; transformers computes its losses in fp32, so those compare with fp32's gamma.
 """
 
 import dataclasses
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 
+from snippets.common import corpus as cp
 from snippets.common.device import ON_GPU
 from snippets.common.models import qwen3 as q3
 from snippets.common.models import qwen3_moe as qm
+from snippets.common.models.trained_configs import (
+    MOE_FIELDS,
+    TrainedDataError,
+    load_trained_models,
+)
 
 pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT / "data" / "trained_models.yaml"
 
 
 def gamma(n, u):
@@ -23,6 +42,252 @@ def gamma(n, u):
 
 def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ------------------------------------------------------------------------------ the toy pin
+
+TOY_TRAIN = dict(seed=0, steps=30, batch_size=8, seq_len=32, lr=1.0e-2, min_lr_ratio=0.1,
+                 warmup_steps=5, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=1.0,
+                 init_std=0.02, eval_tokens=2048)  # fmt: skip
+TOY_DENSE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, rms_norm_eps=1.0e-06, rope_theta=10000.0,
+                 tie_word_embeddings=True)  # fmt: skip
+TOY_MOE = {k: v for k, v in TOY_DENSE.items() if k != "intermediate_size"} | dict(
+    num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+    router_aux_loss_coef=0.01)  # fmt: skip
+
+
+def toy_wheel(folder: Path, extra: dict | None = None) -> Path:
+    """A wheel of this repository's snippets/*.py (the toy corpus), plus `extra` members."""
+    path = folder / "toy-1.0-py3-none-any.whl"
+    files = sorted((ROOT / "snippets").rglob("*.py"))
+    with zipfile.ZipFile(path, "w") as z:
+        for f in files:
+            z.writestr(zipfile.ZipInfo(f.relative_to(ROOT).as_posix()), f.read_bytes())
+        for name, text in (extra or {}).items():
+            z.writestr(zipfile.ZipInfo(name), text)
+        z.writestr(zipfile.ZipInfo("toy-1.0.dist-info/METADATA"), "Name: toy\n")
+    return path
+
+
+def yaml_value(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:.6e}" if isinstance(v, float) else str(v)  # 1.000000e-06: PyYAML reads a float
+
+
+def flow(d: dict) -> str:
+    return "{" + ", ".join(f"{k}: {yaml_value(v)}" for k, v in d.items()) + "}"
+
+
+def write_spec(folder: Path, corpus: dict, tokenizer_sha: str) -> Path:
+    lines = ["corpus:"] + [f"  {k}: {v}" for k, v in corpus.items()]
+    lines += ["tokenizer:", "  library: tokenizers", f'  version: "{cp_version()}"',
+              "  kind: byte-level-bpe", "  vocab_size: 512", "  min_frequency: 2",
+              '  eos: "<|endoftext|>"', f"  sha256: {tokenizer_sha}",
+              f"training: {flow(TOY_TRAIN)}", "models:"]  # fmt: skip
+    for name, kind, config in (("dense", "dense", TOY_DENSE), ("moe", "moe", TOY_MOE)):
+        lines += [f"  {name}:", f"    kind: {kind}", f"    config: {flow(config)}",
+                  "    train: {}", "    max_heldout_loss: null",
+                  "    cpu: {train: {steps: 8}}"]  # fmt: skip
+    path = folder / "trained_models.yaml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def cp_version():
+    import tokenizers
+
+    return tokenizers.__version__
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """(spec, its folder): a toy pin whose hashes are measured from the toy wheel."""
+    folder = tmp_path_factory.mktemp("toy")
+    wheel = toy_wheel(folder)
+    corpus = {"package": "toy", "version": '"1.0"', "wheel": wheel.name,
+              "sha256": cp.sha256_file(wheel), "url": "https://example.org/toy",
+              "prefix": "snippets/", "suffix": ".py", "exclude_dirs": "[models]",
+              "heldout_modulus": 8}  # fmt: skip
+    zeros = '"' + "0" * 64 + '"'  # placeholders until measured
+    spec = load_trained_models(write_spec(folder, corpus | {"files": 2, "heldout_files": 1,
+                               "bytes": 1, "files_sha256": zeros, "content_sha256": zeros},
+                               zeros))  # fmt: skip
+    measured = cp.measure(cp.read_wheel(wheel, spec.corpus))
+    spec = load_trained_models(write_spec(folder, corpus | measured, zeros))
+    tok = cp.train_tokenizer(cp.read_wheel(wheel, spec.corpus).split(False), spec.tokenizer)
+    path = write_spec(folder, corpus | measured, cp.tokenizer_json_sha256(tok))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cp.WHEELS_ENV, str(folder))
+        mp.setenv(cp.CACHE_ENV, str(folder / "cache"))
+        yield load_trained_models(path), folder
+
+
+def edited(path: Path, old: str, new: str) -> Path:
+    text = path.read_text(encoding="utf-8")
+    assert old in text, old
+    out = path.with_name(f"edited-{abs(hash((old, new)))}.yaml")
+    out.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return out
+
+
+def line_of(path: Path, needle: str) -> int:
+    return next(i for i, ln in enumerate(path.read_text().splitlines(), 1) if needle in ln)
+
+
+# ------------------------------------------------------------------------ the data file
+
+
+def test_data_file_loads_and_its_field_lists_match_the_dataclasses():
+    spec = load_trained_models()
+    assert set(spec.models) == {"target", "draft", "moe"}
+    assert {m.kind for m in spec.models.values()} == {"dense", "moe"}
+    dense_fields = {f.name for f in dataclasses.fields(q3.Qwen3Config)}
+    moe_own = {f.name for f in dataclasses.fields(qm.Qwen3MoeConfig)} - dense_fields
+    assert moe_own == set(MOE_FIELDS)
+    for entry in spec.models.values():  # both shapes build (on the meta device)
+        for on_gpu in (True, False):
+            config, _ = entry.resolved(on_gpu)
+            vocab = spec.tokenizer.vocab_size
+            with torch.device("meta"):
+                if entry.kind == "moe":
+                    qm.Qwen3MoeForCausalLM(qm.Qwen3MoeConfig(**config, vocab_size=vocab))
+                else:
+                    q3.Qwen3ForCausalLM(q3.Qwen3Config(**config, vocab_size=vocab))
+
+
+@pytest.mark.parametrize(
+    "old, new, needle, message",
+    [
+        ("      hidden_size: 512\n", '      hidden_size: "512"\n', 'hidden_size: "512"',
+         "model 'draft' config: field 'hidden_size': expected int, got '512'"),
+        ("    kind: moe", "    kind: sparse", "kind: sparse", "dense or moe"),
+        ("  heldout_modulus: 16", "  heldout_modulus: 0", "heldout_modulus: 0",
+         "field 'heldout_modulus': must be positive"),
+        ("  vocab_size: 8192", "  vocab_size: 8192\n  merges: 100", "merges: 100",
+         "tokenizer: field 'merges': unknown field"),
+    ],
+    ids=["type", "kind", "zero", "unknown"],
+)  # fmt: skip
+def test_data_file_errors_name_file_and_line(tmp_path, old, new, needle, message):
+    bad = tmp_path / "trained_models.yaml"
+    bad.write_text(DATA.read_text(encoding="utf-8").replace(old, new, 1), encoding="utf-8")
+    with pytest.raises(TrainedDataError) as err:
+        load_trained_models(bad)
+    assert f"trained_models.yaml:{line_of(bad, needle)}: " in str(err.value)
+    assert message in str(err.value)
+
+
+# ------------------------------------------------------------------------------ the corpus pin
+
+
+def test_the_real_pin_rebuilds_corpus_and_tokenizer():
+    """data/trained_models.yaml: the sympy wheel's files, split and hashes, and the tokenizer
+    trained on its training files hashes as pinned."""
+    spec = load_trained_models()
+    corpus = cp.load_corpus(spec)  # raises on any mismatch
+    assert len(corpus.paths) == spec.corpus.files and list(corpus.paths) == sorted(corpus.paths)
+    assert not any("/tests/" in p for p in corpus.paths)
+    tok = cp.train_tokenizer(corpus.split(heldout=False), spec.tokenizer)
+    assert cp.tokenizer_json_sha256(tok) == spec.tokenizer.sha256
+    heldout = corpus.split(heldout=True)
+    ids = tok.encode_batch(heldout[:5])
+    assert [tok.decode(e.ids) for e in ids] == heldout[:5]
+    assert sum(len(t.encode()) for t in heldout[:5]) / sum(len(e.ids) for e in ids) > 3
+
+
+def test_toy_pin_reads_back(toy):
+    spec, _ = toy
+    corpus = cp.load_corpus(spec)
+    assert 0 < sum(corpus.heldout) < len(corpus.paths)
+    assert not any("/models/" in p for p in corpus.paths)  # exclude_dirs: [models]
+    assert all(cp.is_heldout(p, 8) == h for p, h in zip(corpus.paths, corpus.heldout, strict=True))
+
+
+def test_a_changed_file_list_fails_naming_the_data_file(toy, tmp_path):
+    spec, _ = toy
+    wheel = toy_wheel(tmp_path, {"snippets/extra.py": "x = 1\n"})
+    with pytest.raises(cp.CorpusError) as err:
+        cp.check_corpus(cp.read_wheel(wheel, spec.corpus), spec.corpus, wheel.name)
+    line = line_of(spec.path, "files_sha256:")
+    assert str(err.value).startswith(f"{spec.path}:{line}: corpus: field 'files_sha256': ")
+    assert "the file list changed: the rule (prefix 'snippets/'" in str(err.value)
+    assert f"selects {spec.corpus.files + 1} files" in str(err.value)
+
+
+def test_a_changed_selection_rule_fails_naming_the_data_file(toy):
+    spec, _ = toy
+    path = edited(spec.path, "exclude_dirs: [models]", "exclude_dirs: [models, triton_kernels]")
+    with pytest.raises(cp.CorpusError, match=r"\.yaml:\d+: corpus: field "
+                       r"'files_sha256': the file list changed"):  # fmt: skip
+        cp.load_corpus(load_trained_models(path))
+
+
+def test_a_wrong_content_hash_fails_naming_its_line(toy):
+    spec, _ = toy
+    path = edited(spec.path, spec.corpus.content_sha256, "f" * 64)
+    with pytest.raises(cp.CorpusError) as err:
+        cp.load_corpus(load_trained_models(path))
+    assert f"{path.name}:{line_of(path, 'content_sha256:')}: corpus: field 'content_sha256': " \
+        in str(err.value)  # fmt: skip
+    assert spec.corpus.content_sha256 in str(err.value)
+
+
+def test_a_wheel_with_other_bytes_fails_on_its_sha256(toy, tmp_path):
+    spec, _ = toy
+    other = toy_wheel(tmp_path, {"snippets/zz/README": "not selected, but in the zip\n"})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cp.WHEELS_ENV, str(tmp_path))
+        with pytest.raises(cp.CorpusError) as err:
+            cp.find_wheel(spec.corpus)
+    assert f":{line_of(spec.path, '  sha256:')}: corpus: field 'sha256': {other}" in str(err.value)
+
+
+def test_a_missing_wheel_says_what_to_carry(toy, tmp_path):
+    spec, _ = toy
+    path = edited(spec.path, 'version: "1.0"\n  wheel: toy-1.0', 'version: "1.1"\n  wheel: toy-1.1')
+    pin = load_trained_models(path).corpus
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(cp.WHEELS_ENV, str(tmp_path))
+        mp.setenv(cp.CACHE_ENV, str(tmp_path / "cache"))
+        with pytest.raises(cp.CorpusError) as err:
+            cp.find_wheel(pin, download=False)
+    assert f":{line_of(path, 'wheel:')}: corpus: field 'wheel': toy-1.1-py3-none-any.whl " \
+        in str(err.value)  # fmt: skip
+    assert "carry it into the repository's .whl/" in str(err.value)
+
+
+# ------------------------------------------------------------------------------ the tokenizer
+
+
+def test_tokenizer_round_trips_any_text(toy):
+    spec, _ = toy
+    tok = cp.load_tokenizer(spec)
+    assert tok.get_vocab_size() == 512 and tok.id_to_token(cp.EOS_ID) == "<|endoftext|>"
+    odd = ["训推加速手册：字节级 BPE 能编码任何文本 🚀\r\n\tx = 1  \n", "\x00\x7f ÿ", ""]
+    texts = [*cp.load_corpus(spec).split(heldout=True), *odd]
+    for text in texts:
+        ids = tok.encode(text).ids
+        assert cp.EOS_ID not in ids
+        assert tok.decode(ids) == text
+    stream = cp.encode(tok, texts[:2])
+    assert stream.dtype == torch.int32 and (stream == cp.EOS_ID).sum() == 2
+
+
+def test_tokenizer_training_is_deterministic_across_processes(toy):
+    """Another process, another hash seed, one thread: the same JSON."""
+    spec, _ = toy
+    code = ("import sys; from snippets.common import corpus as cp; "
+            "from snippets.common.models.trained_configs import load_trained_models as load; "
+            "s = load(sys.argv[1]); c = cp.load_corpus(s); "
+            "tok = cp.train_tokenizer(c.split(False), s.tokenizer); "
+            "print(cp.tokenizer_json_sha256(tok))")  # fmt: skip
+    env = os.environ | {"PYTHONHASHSEED": "123", "RAYON_NUM_THREADS": "1",
+                        "PYTHONPATH": str(ROOT)}  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, str(spec.path)], env=env, cwd=ROOT,
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    assert out.stdout.strip() == spec.tokenizer.sha256
 
 
 # ------------------------------------------------------------------------------ the MoE model
