@@ -1,5 +1,5 @@
-"""The shared trained models (issue 22) on the CPU: the corpus pin, the tokenizer and the MoE model
-against Hugging Face transformers.
+"""The shared trained models (issue 22) on the CPU: the corpus pin, the tokenizer, the MoE model
+against Hugging Face transformers, and the trainer at tiny sizes.
 
 Most tests use a toy pin built here: a wheel of this repository's snippets/ files, with the
 pin's hashes measured from it, so that every error path is exercised in milliseconds. One test
@@ -12,6 +12,7 @@ config; transformers computes its losses in fp32, so those compare with fp32's g
 """
 
 import dataclasses
+import itertools
 import os
 import subprocess
 import sys
@@ -22,11 +23,13 @@ import pytest
 import torch
 
 from snippets.common import corpus as cp
+from snippets.common import train as tr
 from snippets.common.device import ON_GPU
 from snippets.common.models import qwen3 as q3
 from snippets.common.models import qwen3_moe as qm
 from snippets.common.models.trained_configs import (
     MOE_FIELDS,
+    TRAIN_FIELDS,
     TrainedDataError,
     load_trained_models,
 )
@@ -146,15 +149,14 @@ def test_data_file_loads_and_its_field_lists_match_the_dataclasses():
     dense_fields = {f.name for f in dataclasses.fields(q3.Qwen3Config)}
     moe_own = {f.name for f in dataclasses.fields(qm.Qwen3MoeConfig)} - dense_fields
     assert moe_own == set(MOE_FIELDS)
+    assert {f.name for f in dataclasses.fields(tr.TrainConfig)} == set(TRAIN_FIELDS)
     for entry in spec.models.values():  # both shapes build (on the meta device)
         for on_gpu in (True, False):
-            config, _ = entry.resolved(on_gpu)
-            vocab = spec.tokenizer.vocab_size
+            config, train = entry.resolved(on_gpu)
+            cfg = tr.model_config(entry.kind, config, spec.tokenizer.vocab_size)
+            tr.TrainConfig(**train)
             with torch.device("meta"):
-                if entry.kind == "moe":
-                    qm.Qwen3MoeForCausalLM(qm.Qwen3MoeConfig(**config, vocab_size=vocab))
-                else:
-                    q3.Qwen3ForCausalLM(q3.Qwen3Config(**config, vocab_size=vocab))
+                tr.build_model(cfg)
 
 
 @pytest.mark.parametrize(
@@ -375,3 +377,55 @@ def test_moe_shares_the_dense_models_attention_and_norm_code():
     layer = qm.Qwen3MoeForCausalLM(qm.TINY_MOE, kernels).model.layers[0]
     assert type(layer.self_attn) is q3.Attention
     assert isinstance(layer.input_layernorm, torch.nn.LayerNorm)  # the swap point reaches it
+
+
+# ------------------------------------------------------------------------------ the trainer
+
+
+def test_lr_schedule_warms_up_then_decays_to_its_floor():
+    tc = tr.TrainConfig(steps=100, warmup_steps=10, min_lr_ratio=0.1)
+    factors = [tr.lr_factor(s, tc) for s in range(tc.steps)]
+    assert factors[0] == 0.1 and factors[9] == 1.0 and factors[10] == 1.0
+    assert all(a >= b for a, b in itertools.pairwise(factors[10:]))
+    assert factors[-1] == pytest.approx(0.1, abs=1e-3)
+
+
+def toy_run(spec, kind):
+    train_stream, heldout_stream = cp.token_streams(spec)
+    entry = spec.models[kind]
+    cfg = tr.model_config(kind, entry.config, spec.tokenizer.vocab_size)
+    tc = tr.TrainConfig(**entry.train)
+    model = tr.build_model(cfg)
+    tr.init_weights(model, tc.init_std, tc.seed)
+    stats = tr.train(model, train_stream, heldout_stream, tc)
+    return model, stats
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_training_is_bitwise_deterministic_and_lowers_the_loss(toy, kind):
+    spec, _ = toy
+    model_a, stats_a = toy_run(spec, kind)
+    model_b, stats_b = toy_run(spec, kind)
+    assert stats_a["train_loss"] == stats_b["train_loss"]
+    assert stats_a["heldout_loss"] == stats_b["heldout_loss"]
+    state_b = model_b.state_dict()
+    assert all(torch.equal(v, state_b[k]) for k, v in model_a.state_dict().items())
+    assert stats_a["heldout_loss"] < stats_a["heldout_loss_init"] - 0.5  # nats
+    losses = stats_a["train_loss"]
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5
+    assert (stats_a["router_loss"] is not None) == (kind == "moe")
+
+
+def test_trained_trains_once_then_loads_from_the_cache(toy, monkeypatch):
+    spec, folder = toy
+    first = tr.trained("dense", spec=spec)
+    assert first.path.parent == folder / "cache" and first.stats["steps"] == 8  # CPU stand-in
+    seeded = tr.trained("dense", spec=spec, seed=1)  # another seed: another checkpoint
+    assert seeded.path != first.path and seeded.train.seed == 1
+    monkeypatch.setattr(tr, "train", lambda *a, **k: pytest.fail("trained again"))
+    again = tr.trained("dense", spec=spec)
+    assert again.path == first.path and again.stats == first.stats
+    state = again.model.state_dict()
+    assert all(torch.equal(v, state[k]) for k, v in first.model.state_dict().items())
+    with pytest.raises(KeyError, match=r"no model 'big'.*known: dense, moe"):
+        tr.trained("big", spec=spec)
