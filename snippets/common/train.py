@@ -43,8 +43,6 @@ from snippets.common.models.trained_configs import (
     load_trained_models,
 )
 
-# deterministic cuBLAS; read when cuBLAS is first used, not when torch is imported
-os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 HERE = Path(__file__).resolve().parent
 CODE = [HERE / "train.py", HERE / "corpus.py", HERE / "models" / "qwen3.py",
         HERE / "models" / "qwen3_moe.py"]  # fmt: skip
@@ -148,7 +146,11 @@ def evaluate(model: nn.Module, heldout: torch.Tensor, batch_size: int) -> float:
 
 @contextmanager
 def deterministic():
-    """Deterministic algorithms where PyTorch has them, a warning where it has none."""
+    """Deterministic algorithms where PyTorch has them, a warning where it has none. cuBLAS
+    needs CUBLAS_WORKSPACE_CONFIG for that: set here, when training starts, not at import (a
+    test process that merely imports this module must keep cuBLAS's defaults for its timings);
+    cuBLAS reads it when a handle is made, so train in a process of its own for bitwise runs."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = (torch.are_deterministic_algorithms_enabled(),
               torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
     torch.use_deterministic_algorithms(True, warn_only=True)
