@@ -209,7 +209,7 @@ def asset_errors(root: Path) -> list[str]:
 
 def data_errors(root: Path) -> list[str]:
     """The published data files load and validate (hardware and its host links, model configs,
-    taxonomy, glossary, request lengths)."""
+    taxonomy, glossary, request lengths, the shared trained models' pins)."""
     from snippets.common.datafile import DataFileError, load_host_links, load_request_lengths
     from snippets.common.hardware import HardwareDataError, load_hardware
     from snippets.common.models.kv_configs import KVDataError, load_kv_configs
@@ -248,6 +248,13 @@ def data_errors(root: Path) -> list[str]:
         try:
             load_request_lengths(data / "request_lengths.yaml")
         except DataFileError as exc:
+            errors.append(str(exc))
+    if (data / "trained_models.yaml").is_file():
+        from snippets.common.models.trained_configs import TrainedDataError, load_trained_models
+
+        try:
+            load_trained_models(data / "trained_models.yaml")
+        except TrainedDataError as exc:
             errors.append(str(exc))
     if (data / "taxonomy.yaml").is_file() and (data / "glossary.yaml").is_file():
         try:

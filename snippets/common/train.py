@@ -1,0 +1,279 @@
+"""One deterministic trainer for the shared models, and `trained(name)` to get one.
+
+`trained("target" | "draft" | "moe")` returns the model of data/trained_models.yaml, trained on
+the pinned corpus (snippets/common/corpus.py): loaded from the run's cache
+($HANDBOOK_MODEL_CACHE, else <system temp>/handbook-models) when a checkpoint with the same key
+is there, else trained now and cached. The key is a hash of everything the weights depend on:
+the model's config and training settings, the corpus and tokenizer hashes, this code and the
+model code, the device type and the torch version. Where there is no CUDA the entry's `cpu`
+stand-in (a CPU-sized shape, a few steps) is trained instead, through the same code: pages run
+everywhere, and only GPU runs publish numbers.
+
+The trainer: fixed seeds (the weights from one generator, the batch order from another),
+deterministic algorithms where PyTorch has them (warn only where it has none), AdamW with
+decoupled weight decay on matrices only, a linear warm-up then a cosine decay, gradient
+clipping, and packed sequences: the token stream (files separated by the end-of-text token) cut
+into seq_len-long rows, visited in a random order, one permutation per epoch. On CUDA the
+weights and the optimizer state are fp32 and the forward and backward run under bf16 autocast;
+on the CPU everything is fp32. The held-out loss is the mean next-token loss over the first
+eval_tokens of the held-out stream, evaluated before and after training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from snippets.common.corpus import cache_dir, load_tokenizer, token_streams
+from snippets.common.device import DEVICE, ON_GPU
+from snippets.common.models.qwen3 import Kernels, Qwen3Config, Qwen3ForCausalLM
+from snippets.common.models.qwen3_moe import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from snippets.common.models.trained_configs import (
+    TrainedSpec,
+    _shown,
+    load_trained_models,
+)
+
+HERE = Path(__file__).resolve().parent
+CODE = [HERE / "train.py", HERE / "corpus.py", HERE / "models" / "qwen3.py",
+        HERE / "models" / "qwen3_moe.py"]  # fmt: skip
+
+
+class TrainingError(RuntimeError):
+    """A trained model missed its held-out loss; the message names the data file and line."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 0
+    steps: int = 100
+    batch_size: int = 8
+    seq_len: int = 128
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    init_std: float = 0.02
+    eval_tokens: int = 65536
+
+
+def model_config(kind: str, config: dict, vocab_size: int) -> Qwen3Config:
+    cls = {"dense": Qwen3Config, "moe": Qwen3MoeConfig}[kind]
+    return cls(**config, vocab_size=vocab_size)
+
+
+def build_model(cfg: Qwen3Config, kernels: Kernels | None = None) -> nn.Module:
+    cls = Qwen3MoeForCausalLM if isinstance(cfg, Qwen3MoeConfig) else Qwen3ForCausalLM
+    return cls(cfg, kernels)
+
+
+def init_weights(model: nn.Module, std: float, seed: int) -> None:
+    """Norm weights 1, every other tensor N(0, std), drawn in parameter order from one
+    generator on the model's device (a tied head is the embedding: drawn once)."""
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std, generator=gen)
+
+
+def lr_factor(step: int, tc: TrainConfig) -> float:
+    """The learning rate of optimizer step `step` (0-based) as a fraction of tc.lr."""
+    if step < tc.warmup_steps:
+        return (step + 1) / tc.warmup_steps
+    progress = (step - tc.warmup_steps) / max(1, tc.steps - tc.warmup_steps)
+    return tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def rows(stream: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """A token stream cut into [n, seq_len] rows (the tail shorter than a row is dropped)."""
+    n = stream.numel() // seq_len
+    if n == 0:
+        raise ValueError(f"{stream.numel()} tokens do not fill one row of {seq_len}")
+    return stream[: n * seq_len].view(n, seq_len)
+
+
+def batch_order(n_rows: int, tc: TrainConfig) -> torch.Tensor:
+    """[steps, batch_size] row indices: a fresh permutation of the rows for every epoch."""
+    gen = torch.Generator().manual_seed(tc.seed + 1)
+    need = tc.steps * tc.batch_size
+    epochs = [torch.randperm(n_rows, generator=gen) for _ in range(-(-need // n_rows))]
+    return torch.cat(epochs)[:need].view(tc.steps, tc.batch_size)
+
+
+def losses_of(model: nn.Module, ids: torch.Tensor):
+    """(next-token loss, weighted router loss or None)."""
+    if isinstance(model, Qwen3MoeForCausalLM):
+        lm, aux = model.losses(ids, ids)
+        return lm, model.config.router_aux_loss_coef * aux
+    return model(ids, labels=ids), None
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, heldout: torch.Tensor, batch_size: int) -> float:
+    """Mean next-token loss over the rows of `heldout` (each row weighs the same)."""
+    was = model.training
+    model.eval()
+    total = torch.zeros((), dtype=torch.float64, device=heldout.device)
+    for batch in heldout.split(batch_size):
+        with _autocast(heldout.device):
+            lm, _ = losses_of(model, batch.long())
+        total += lm.double() * len(batch)
+    model.train(was)
+    return (total / len(heldout)).item()
+
+
+@contextmanager
+def deterministic():
+    """Deterministic algorithms where PyTorch has them, a warning where it has none. cuBLAS
+    needs CUBLAS_WORKSPACE_CONFIG for that: set here, when training starts, not at import (a
+    test process that merely imports this module must keep cuBLAS's defaults for its timings);
+    cuBLAS reads it when a handle is made, so train in a process of its own for bitwise runs."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> dict:
+    """Train `model` (on its device) in place from its current weights; returns the stats."""
+    device = next(model.parameters()).device
+    seqs = rows(train_stream, tc.seq_len).to(device)
+    held = rows(heldout_stream, tc.seq_len)[: max(1, tc.eval_tokens // tc.seq_len)].to(device)
+    order = batch_order(len(seqs), tc).to(device)
+    params = list(model.parameters())
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
+    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2),
+                            fused=device.type == "cuda")  # fmt: skip
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, tc))
+    with deterministic():
+        init_loss = evaluate(model, held, tc.batch_size)
+        lm_losses = torch.zeros(tc.steps, device=device)
+        aux_losses = torch.zeros(tc.steps, device=device)
+        model.train()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for step in range(tc.steps):
+            ids = seqs[order[step]].long()
+            with _autocast(device):
+                lm, aux = losses_of(model, ids)
+            loss = lm if aux is None else lm + aux
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+            opt.step()
+            sched.step()
+            lm_losses[step] = lm.detach()
+            if aux is not None:
+                aux_losses[step] = aux.detach()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+        final_loss = evaluate(model, held, tc.batch_size)
+    model.eval()
+    tokens = tc.steps * tc.batch_size * tc.seq_len
+    return {
+        "params": sum(p.numel() for p in params),
+        "steps": tc.steps,
+        "tokens": tokens,
+        "epochs": tokens / seqs.numel(),
+        "heldout_tokens": held.numel(),
+        "heldout_loss_init": init_loss,
+        "heldout_loss": final_loss,
+        "train_loss": lm_losses.tolist(),
+        "router_loss": aux_losses.tolist() if isinstance(model, Qwen3MoeForCausalLM) else None,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": "bf16 autocast, fp32 weights" if device.type == "cuda" else "fp32",
+        "torch": str(torch.__version__),
+    }
+
+
+@dataclass
+class Trained:
+    name: str
+    model: nn.Module  # in eval mode, on DEVICE
+    config: Qwen3Config
+    train: TrainConfig
+    stats: dict
+    path: Path  # the checkpoint
+    tokenizer: object  # tokenizers.Tokenizer
+
+
+def cache_key(name: str, cfg: Qwen3Config, tc: TrainConfig, spec: TrainedSpec, device) -> str:
+    code = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in CODE}
+    fields_ = {"name": name, "model": type(cfg).__name__, "config": asdict(cfg),
+               "train": asdict(tc), "corpus": spec.corpus.content_sha256,
+               "tokenizer": spec.tokenizer.sha256, "code": code, "device": device.type,
+               "torch": torch.__version__}  # fmt: skip
+    return hashlib.sha256(json.dumps(fields_, sort_keys=True).encode()).hexdigest()
+
+
+def trained(name: str, *, seed: int | None = None, spec: TrainedSpec | None = None) -> Trained:
+    """The trained model `name` of data/trained_models.yaml (its CPU stand-in without CUDA)."""
+    spec = spec or load_trained_models()
+    if name not in spec.models:
+        raise KeyError(f"no model {name!r} in {_shown(spec.path)}; known: {', '.join(spec.models)}")
+    entry = spec.models[name]
+    config, train_fields = entry.resolved(ON_GPU)
+    tc = TrainConfig(**(train_fields | ({} if seed is None else {"seed": seed})))
+    cfg = model_config(entry.kind, config, spec.tokenizer.vocab_size)
+    path = cache_dir() / f"{name}-{cache_key(name, cfg, tc, spec, DEVICE)[:16]}.pt"
+    with torch.device(DEVICE):
+        model = build_model(cfg)
+    if path.is_file():
+        saved = torch.load(path, map_location=DEVICE, weights_only=True)
+        model.load_state_dict(saved["state_dict"])
+        stats = saved["stats"]
+    else:
+        train_stream, heldout_stream = token_streams(spec)
+        init_weights(model, tc.init_std, tc.seed)
+        stats = train(model, train_stream, heldout_stream, tc)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save({"state_dict": model.state_dict(), "stats": stats}, tmp)
+        os.replace(tmp, path)
+    model.eval()
+    limit = entry.max_heldout_loss
+    if ON_GPU and limit is not None and stats["heldout_loss"] > limit:
+        raise TrainingError(f"{_shown(spec.path)}:{entry.line}: model '{name}': held-out loss "
+                            f"{stats['heldout_loss']:.4f} after {tc.steps} steps is above its "
+                            f"max_heldout_loss {limit}")  # fmt: skip
+    return Trained(name, model, cfg, tc, stats, path, load_tokenizer(spec))
+
+
+if __name__ == "__main__":  # python -m snippets.common.train [NAME ...]: train (or load), report
+    import sys
+
+    for name in sys.argv[1:] or list(load_trained_models().models):
+        t0 = time.perf_counter()
+        got = trained(name)
+        stats = {k: v for k, v in got.stats.items() if k not in ("train_loss", "router_loss")}
+        print(f"{name}: {time.perf_counter() - t0:.1f} s with loading; {json.dumps(stats)}")
