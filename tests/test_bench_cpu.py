@@ -76,7 +76,56 @@ def test_kernel_ms_each_gives_each_callable_its_own_runs(monkeypatch, interleave
         return fn
 
     monkeypatch.setattr(bench, "_profile", fake_profile)
+    monkeypatch.setattr(bench, "_once_ms", lambda fn: fn.k + 1.0)  # a synchronised call, in ms
     stats = bench.kernel_ms_each([make(0), make(1)], repeats=5, calls=3, interleave=interleave)
     assert order == ([0, 1] * 5 if interleave else [0] * 5 + [1] * 5)
     assert [s.median for s in stats] == [pytest.approx(1.002), pytest.approx(2.002)]
     assert [s.lo for s in stats] == [pytest.approx(1.0), pytest.approx(2.0)]
+
+
+def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeypatch):
+    """settle_ms (not interleaved): an extra run of about settle_ms before each callable's
+    repeats, in the same profiler session, left out of its Stat; its calls follow from the
+    callable's own time (10 ms of a 1 ms call: 10 calls; of a 4 ms call: 3)."""
+    runs = []
+
+    def fake_profile(batch):
+        spans, t = [], 0
+        for fn, calls in batch:
+            runs.append((fn.k, calls))
+            slow = 1000 if len(runs) in (1, 7) else 1  # the settling runs: far slower
+            spans += [(SPIN, t, t + 1), ("k", t + 10, t + 10 + calls * fn.ms * 10**6 * slow)]
+            t += 10**12
+        return spans
+
+    def make(k, ms):
+        def fn():
+            return None
+
+        fn.k, fn.ms = k, ms
+        return fn
+
+    monkeypatch.setattr(bench, "_profile", fake_profile)
+    monkeypatch.setattr(bench, "_once_ms", lambda fn: fn.ms)
+    stats = bench.kernel_ms_each([make(0, 1.0), make(1, 4.0)], repeats=5, calls=2,
+                                 interleave=False, settle_ms=10.0)  # fmt: skip
+    assert runs == [(0, 10)] + [(0, 2)] * 5 + [(1, 3)] + [(1, 2)] * 5
+    assert [s.median for s in stats] == [pytest.approx(1.0), pytest.approx(4.0)]
+    assert all(s.hi == s.median for s in stats)  # nothing of the slow settling runs
+
+
+def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):
+    """One step in eight is ten times slower: each repeat's value is its median step, so the
+    slow steps do not move it (a repeat's mean would be 2.1x the median)."""
+    import time
+
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    count = [0]
+
+    def step():
+        count[0] += 1
+        time.sleep(0.01 if count[0] % 8 == 0 else 0.001)
+
+    t = bench.step_ms(step, repeats=5, calls=8, settle_s=0.0, warmup=0)
+    assert t.n == 5 and t.clock == "python"
+    assert 1.0 <= t.median < 1.6 and t.hi < 2.0, t
