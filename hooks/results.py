@@ -164,7 +164,10 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
     timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
                 for r in rows for k, _ in cols)  # fmt: skip
     if timed:
-        trimmed = "计时为多次重复的中位数；± 为去掉最快、最慢各六分之一（7 次去 1 次，15 次去 2 次）之后与中位数的最大偏离"
+        trimmed = (
+            "计时为多次重复的中位数；± 为去掉最快、最慢各六分之一"
+            "（7 次去 1 次，15 次去 2 次）之后与中位数的最大偏离"
+        )
         legends.insert(0, trimmed)
     lines += (
         ["", f'<p class="result-note">{html.escape("；".join(legends))}</p>'] if legends else []
