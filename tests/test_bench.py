@@ -15,17 +15,19 @@ def test_clocks_agree_on_a_large_matmul():
     b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     graph, kernels, wall = (
         graph_ms(lambda: a @ b),
-        kernel_ms(lambda: a @ b),
+        kernel_ms(lambda: a @ b, settle_ms=1000.0),  # both in the clocks' state under load
         python_ms(lambda: a @ b),
     )
     for t, n in ((graph, REPEATS), (kernels, REPEATS), (wall, PYTHON_REPEATS)):
         assert t.n == n and t.lo <= t.median <= t.hi, t
-    # no spread bound here: a 4096^3 matmul runs at the H200's power cap, where one graph_ms of
-    # it spread ±6.9 % in a gpu_docs run (the clocks drift); results.py holds every recorded
-    # timing to its bound, and this test checks the harness, not the host
+    # a 4096^3 matmul runs at the H200's power cap: unsettled, one graph_ms of it spread ±6.9 %
+    # and kernel_ms ran 15 % faster than graph_ms (its repeats came before the clocks dropped)
+    assert graph.spread < 0.05 and kernels.spread < 0.05, (graph, kernels)
     assert (graph.clock, kernels.clock, wall.clock) == ("gpu-graph", "gpu-kernels", "python")
-    assert abs(kernels.median / graph.median - 1) < 0.1  # one kernel per call: no gaps
-    assert wall.median > 0.9 * graph.median
+    assert abs(kernels.median / graph.median - 1) < 0.05  # one kernel per call: no gaps
+    # from Python, not settled: its repeats may run in the fast state after the profiler's idle
+    # (176 vs 208 µs, 0.85x), never faster than that
+    assert wall.median > 0.8 * graph.median
 
 
 def test_kernel_ms_sums_every_kernel_of_a_call():

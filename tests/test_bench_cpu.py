@@ -84,17 +84,17 @@ def test_kernel_ms_each_gives_each_callable_its_own_runs(monkeypatch, interleave
 
 
 def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeypatch):
-    """settle_ms (not interleaved): an extra run of about settle_ms before each callable's
-    repeats, in the same profiler session, left out of its Stat; its calls follow from the
-    callable's own time (10 ms of a 1 ms call: 10 calls; of a 4 ms call: 3)."""
+    """settle_ms (not interleaved; one value or one per callable): a settling run before each
+    callable's repeats, in the same profiler session, left out of its Stat; its chunks hold
+    about SETTLE_CHUNK_MS of calls (50 ms of a 1 ms call: 50; of a 4 ms call: 13)."""
     runs = []
 
     def fake_profile(batch):
         spans, t = [], 0
         for fn, calls in batch:
             runs.append((fn.k, calls))
-            slow = 1000 if len(runs) in (1, 7) else 1  # the settling runs: far slower
-            spans += [(SPIN, t, t + 1), ("k", t + 10, t + 10 + calls * fn.ms * 10**6 * slow)]
+            n, slow = (1, 1000) if isinstance(calls, bench.Settle) else (calls, 1)
+            spans += [(SPIN, t, t + 1), ("k", t + 10, t + 10 + n * fn.ms * 10**6 * slow)]
             t += 10**12
         return spans
 
@@ -107,11 +107,44 @@ def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeyp
 
     monkeypatch.setattr(bench, "_profile", fake_profile)
     monkeypatch.setattr(bench, "_once_ms", lambda fn: fn.ms)
-    stats = bench.kernel_ms_each([make(0, 1.0), make(1, 4.0)], repeats=5, calls=2,
-                                 interleave=False, settle_ms=10.0)  # fmt: skip
-    assert runs == [(0, 10)] + [(0, 2)] * 5 + [(1, 3)] + [(1, 2)] * 5
+    fns = [make(0, 1.0), make(1, 4.0)]
+    stats = bench.kernel_ms_each(fns, repeats=5, calls=2, interleave=False, settle_ms=10.0)
+    s0, s1 = bench.Settle(0.01, 50), bench.Settle(0.01, 13)
+    assert runs == [(0, s0)] + [(0, 2)] * 5 + [(1, s1)] + [(1, 2)] * 5
     assert [s.median for s in stats] == [pytest.approx(1.0), pytest.approx(4.0)]
     assert all(s.hi == s.median for s in stats)  # nothing of the slow settling runs
+    runs.clear()  # one value per callable: 0 settles nothing
+    bench.kernel_ms_each(fns, repeats=5, calls=2, interleave=False, settle_ms=[0.0, 1500.0])
+    assert runs == [(0, 2)] * 5 + [(1, bench.Settle(1.5, 13))] + [(1, 2)] * 5
+    with pytest.raises(ValueError, match="2 callables"):
+        bench.kernel_ms_each(fns, interleave=False, settle_ms=[1.0])
+    with pytest.raises(ValueError, match="interleave=False"):
+        bench.kernel_ms_each(fns, settle_ms=1.0)
+
+
+def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
+    """_settle runs at least min_s, then until three chunks agree within SETTLE_TOL: chunks
+    that run 15 % fast for 0.4 s and then hold a slower time (a power-capped GPU) settle
+    after the drop; chunks that never agree stop at min_s + SETTLE_EXTRA_S. A fast phase that
+    outlasts min_s looks steady too: min_s must cover it (graph_ms: 1 s)."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+
+    def chunks(times):
+        it = iter(times)
+
+        def chunk():
+            clock[0] += 0.05
+            return next(it)
+
+        return chunk
+
+    fast_then_slow = [176.0] * 8 + [195.0, 204.0] + [208.0, 206.0, 209.0] * 20
+    assert bench._settle(chunks(fast_then_slow), 0.5) == pytest.approx(0.05 * 12)
+    assert bench._settle(chunks(fast_then_slow), 0.2) == pytest.approx(0.2)  # too short
+    assert bench._settle(chunks([208.0] * 100), 0.5) == pytest.approx(0.5)
+    jumpy = [100.0, 130.0] * 200
+    assert bench._settle(chunks(jumpy), 0.5) == pytest.approx(0.5 + bench.SETTLE_EXTRA_S, abs=0.051)
 
 
 def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):

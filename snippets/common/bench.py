@@ -22,7 +22,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -85,13 +87,53 @@ def _calls_for(fn, target_ms: float, max_calls: int) -> int:
     return max(1, min(max_calls, math.ceil(target_ms / _once_ms(fn))))
 
 
+SETTLE_TOL = 0.02  # settled: the last three chunks within ±2 % of their median (steady, a
+# power-capped matmul's 40 ms chunks still varied ±2-3 %; the drop they wait out is ~15 %)
+SETTLE_EXTRA_S = 2.0  # at most this long past the minimum
+
+
+def _settle(chunk, min_s: float) -> float:
+    """Run chunk() -- a few tens of ms of GPU work that returns its GPU time (CUDA events) --
+    for at least min_s seconds, then until the last three chunks agree within SETTLE_TOL, for
+    at most SETTLE_EXTRA_S more; return the seconds spent. Why: the H200 machine's GPU runs at
+    its 700 W power cap under large matmuls, and after idle or lighter work a 4096³ matmul ran
+    about 15 % fast for 0.2-0.7 s before the clocks dropped to the state they then hold (176
+    vs 208 µs); a timing that straddles the drop spread 5-15 %."""
+    t0 = time.perf_counter()
+    times: list[float] = []
+    while True:
+        times.append(chunk())
+        spent = time.perf_counter() - t0
+        last = sorted(times[-3:])
+        steady = len(last) == 3 and last[2] - last[0] <= 2 * SETTLE_TOL * last[1]
+        if (spent >= min_s and steady) or spent >= min_s + SETTLE_EXTRA_S:
+            return spent
+
+
+def _timed(fn, calls: int):
+    """A chunk for _settle: `calls` calls of fn between two CUDA events, in ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def chunk() -> float:
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    return chunk
+
+
 @_traced
 def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 40.0,
-             max_calls: int = 500) -> Stat:  # fmt: skip
+             max_calls: int = 500, settle_ms: float = 1000.0) -> Stat:  # fmt: skip
     """GPU time of one call of `fn`, from replays of a CUDA graph of back-to-back calls.
 
     `fn` must be capturable (no host synchronisation, no CPU-side data-dependent control).
     Inputs stay in L2 between calls when they fit (50 MB on an H200): say so where it matters.
+    Before the timed replays, untimed replays for at least settle_ms and until they hold
+    steady (_settle): the clocks reach the state the timed replays will see.
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -104,12 +146,8 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    t0 = time.perf_counter()
-    while True:  # replays first: the clocks settle into the state the timed replays will see
-        graph.replay()  # (0.2 s left the first repeat of a small matmul 10 % faster than the rest)
-        torch.cuda.synchronize()
-        if time.perf_counter() - t0 > 0.5:
-            break
+    spent = _settle(_timed(graph.replay, 1), settle_ms / 1e3)
+    _trace(spent, "(settling: clocks to their steady state)", "graph_ms")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     samples = []
     with _quiet():
@@ -123,10 +161,19 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     return Stat.of(samples, "gpu-graph")
 
 
+@dataclass(frozen=True)
+class Settle:
+    """In a run list for _profile: a settling run of fn in chunks of `chunk` calls (_settle)."""
+
+    min_s: float
+    chunk: int
+
+
 def _profile(runs) -> list[tuple]:
     """Run `runs` [(fn, calls)] in order inside one torch.profiler session, each run starting
     with a sentinel kernel (torch.cuda._sleep's spin_kernel, a few cycles) and ending in a
     synchronize; return the spans (name, start_ns, end_ns) of the CUDA kernels (and copies).
+    `calls` may be a Settle: that run lasts until the clocks hold steady.
     The sentinels, not profiler markers, split the kernels into runs: with only the CUDA
     activity on, torch.profiler records no CPU-side marker at all."""
     torch.cuda.synchronize()
@@ -134,10 +181,14 @@ def _profile(runs) -> list[tuple]:
     t0 = time.perf_counter()
     with _quiet(), torch.profiler.profile(activities=[cuda]) as prof:
         t1 = time.perf_counter()
+        settling = 0.0
         for fn, calls in runs:
             torch.cuda._sleep(1)
-            for _ in range(calls):
-                fn()
+            if isinstance(calls, Settle):
+                settling += _settle(_timed(fn, calls.chunk), calls.min_s)
+            else:
+                for _ in range(calls):
+                    fn()
             torch.cuda.synchronize()
         t2 = time.perf_counter()
     # the raw events: prof.events() would build a Python object per event, ~50 us each
@@ -154,6 +205,8 @@ def _profile(runs) -> list[tuple]:
         spans.append((names[name], e.start_ns(), e.end_ns()))
     # the profiler's own cost, apart from the timed calls: starting, stopping, reading events
     _trace((t1 - t0) + (time.perf_counter() - t2), "(profiler start, stop, events)", "bench.py")
+    if settling:
+        _trace(settling, "(settling: clocks to their steady state)", "kernel_ms_each")
     return spans
 
 
@@ -190,8 +243,8 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
               warmup: int = 2, settle_ms: float = 0.0) -> Stat:  # fmt: skip
     """GPU time of one call of `fn`: its kernels' durations (CUPTI) summed, per repeat of
     `calls` calls (by default as many as take about target_ms). Works for anything, capturable
-    or not; time the GPU waits is not counted. settle_ms: an untimed run of `fn` that long
-    inside the profiler session, right before the repeats (see kernel_ms_each)."""
+    or not; time the GPU waits is not counted. settle_ms: a settling run inside the profiler
+    session, right before the repeats (see kernel_ms_each)."""
     if settle_ms <= 0:
         for _ in range(warmup):
             fn()
@@ -202,21 +255,31 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
                           warmup=warmup, interleave=False, settle_ms=settle_ms)[0]  # fmt: skip
 
 
+SETTLE_CHUNK_MS = 50.0  # a settling chunk: about this much GPU work between two events
+
+
 @_traced
 def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
                    target_ms: float = 10.0, warmup: int = 2, interleave: bool = True,
-                   settle_ms: float = 0.0) -> list[Stat]:  # fmt: skip
+                   settle_ms: float | Sequence[float] = 0.0) -> list[Stat]:  # fmt: skip
     """kernel_ms of several callables in one profiler session (a session costs about 0.4 s to
     start, stop and read on the H200 machine). interleave: repeat i of each callable in turn,
     then repeat i + 1, so a change of the GPU's clocks reaches all of them alike (steps of one
     kind of work); otherwise every repeat of one callable, then the next, so each is timed in
     its own steady clock state (large matmuls among small memory-bound operators: timed in
     turn with them, a matmul ran faster and spread wider than on its own). settle_ms (not
-    interleaved): before each callable's repeats, an untimed run of about that long inside the
-    session, so the clocks leave the state that the previous callable, or the idle GPU while
-    the profiler started, left them in (settled outside the session, a matmul's first repeats
-    still ran about 10 % fast: the GPU idles while the profiler starts)."""
+    interleaved; one value, or one per callable): before each callable's repeats, an untimed
+    run inside the session for at least that long and until it holds steady (_settle), so
+    the clocks leave the state that the previous callable, or the idle GPU while the profiler
+    started, left them in (settled outside the session, a matmul's first repeats still ran
+    about 10 % fast: the GPU idles while the profiler starts). Order power-hungry callables
+    (large matmuls) together and give the first of them the long settle."""
     fns = list(fns)
+    mins = [float(settle_ms)] * len(fns) if isinstance(settle_ms, int | float) else list(settle_ms)
+    if len(mins) != len(fns):
+        raise ValueError(f"kernel_ms_each: {len(mins)} settle_ms values for {len(fns)} callables")
+    if interleave and any(mins):
+        raise ValueError("kernel_ms_each: settle_ms needs interleave=False")
     t0 = time.perf_counter()
     for fn in fns:
         for _ in range(warmup):
@@ -227,10 +290,10 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
     if interleave:
         order = [(i, k) for i in range(repeats) for k in range(len(fns))]
     else:
-        settle = [math.ceil(settle_ms / t) if settle_ms > 0 else 0 for t in once]
         order = [(i, k) for k in range(len(fns))
-                 for i in ([-1] if settle[k] else []) + list(range(repeats))]  # fmt: skip
-    runs = [(fns[k], per[k] if i >= 0 else settle[k]) for i, k in order]
+                 for i in ([-1] if mins[k] > 0 else []) + list(range(repeats))]  # fmt: skip
+    chunk = [max(1, math.ceil(SETTLE_CHUNK_MS / t)) for t in once]
+    runs = [(fns[k], per[k] if i >= 0 else Settle(mins[k] / 1e3, chunk[k])) for i, k in order]
     sums = split_runs(_profile(runs), len(order), lambda n: None)
     ms = {ik: s[None][0] / per[ik[1]] / 1e3 for ik, s in zip(order, sums, strict=True)}
     return [Stat.of([ms[i, k] for i in range(repeats)], "gpu-kernels") for k in range(len(fns))]
@@ -332,15 +395,11 @@ def ceilings() -> dict[str, Stat]:
 
 @_traced
 def _measure_ceilings() -> dict[str, Stat]:
-    """Two seconds of matmuls first take the clocks out of their idle state; repeats of 100 ms
-    average out the clock changes of a power-limited GPU."""
+    """Two seconds of matmul replays first take the clocks out of their idle state; repeats of
+    100 ms average out the clock changes of a power-limited GPU."""
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 2.0:  # synchronised: two seconds of GPU work, not queued
-        a @ b
-        torch.cuda.synchronize()
-    matmul = graph_ms(lambda: a @ b, target_ms=100.0)  # power-limited clocks: average them out
+    matmul = graph_ms(lambda: a @ b, target_ms=100.0, settle_ms=2000.0)
     # an elementwise kernel, not dst.copy_(src): captured in a graph, copy_ is a memcpy node
     # that the copy engine runs, about 2.7 TB/s on the H200 -- kernels reached 1.4x that
     n = 1 << 30

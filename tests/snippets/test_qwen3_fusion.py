@@ -233,10 +233,11 @@ def test_measurement_code_runs_at_tiny_shapes():
 
     calls = []
 
-    def timer(fns):  # as kernel_ms_each: a list of callables in, one timing each out
-        for fn in fns:
+    def timer(fns, kinds):  # as kernel_ms_each: callables in, one timing each out
+        assert len(kinds) == len(fns)
+        for fn, kind in zip(fns, kinds, strict=True):
             fn()
-            calls.append(fn)
+            calls.append(kind)
         return [stand_in(1.0) for _ in fns]
 
     ceilings = {"copy_bytes_per_s": stand_in(1e12), "bf16_matmul_flop_per_s": stand_in(1e15)}
@@ -244,6 +245,8 @@ def test_measurement_code_runs_at_tiny_shapes():
     assert [r["idx"] for r in rows] == list(range(1, 15))  # the two residual adds once
     assert len({r["op"] for r in rows}) == 14
     assert len(calls) == 2 * len(rows) - 1  # forward and backward; the add's backward is none
+    heavy = [measure.HEAVY.index(k) + 1 if k in measure.HEAVY else 0 for k in calls]
+    assert heavy == sorted(heavy) and calls[-1] == "matmul"  # power-hungry last, grouped
     by_name = {r["op"]: r for r in rows}
     assert (
         by_name["residual_add"]["bwd_ms"] is None and by_name["residual_add"]["bwd_of_copy"] is None
@@ -269,8 +272,8 @@ def test_measurements_are_recordable(monkeypatch):
 
     monkeypatch.setattr(res, "provenance", lambda *a, **k: {})
     ceilings = {"copy_bytes_per_s": stand_in(1e12), "bf16_matmul_flop_per_s": stand_in(1e15)}
-    rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32,
-                                lambda fns: [stand_in(1.0) for _ in fns], ceilings)  # fmt: skip
+    timer = lambda fns, kinds: [stand_in(1.0) for _ in fns]  # noqa: E731
+    rows = measure.per_op_table(q3.TINY, 2, 8, "cpu", torch.float32, timer, ceilings)
     by_name = {r["op"]: r for r in rows}
     ranked = measure.fusion_candidates(q3.TINY, 2, 8, by_name, stand_in(1e12), stand_in(20.0))
     bench = res.ROOT / "snippets" / "qwen3_fusion" / "bench_gpu.py"
