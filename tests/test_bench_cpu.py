@@ -126,7 +126,7 @@ def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
     """_settle runs at least min_s, then until three chunks agree within SETTLE_TOL: chunks
     that run 15 % fast for 0.4 s and then hold a slower time (a power-capped GPU) settle
     after the drop; chunks that never agree stop at min_s + SETTLE_EXTRA_S. A fast phase that
-    outlasts min_s looks steady too: min_s must cover it (graph_ms: 1 s)."""
+    outlasts min_s looks steady too: min_s must cover it (graph_ms: 2 s)."""
     clock = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
 

@@ -6,7 +6,6 @@ from snippets.common.bench import ceilings, kernel_ms_each
 from snippets.common.models.qwen3 import QWEN3_8B
 from snippets.common.results import write_result
 from snippets.qwen3_fusion.measure import (
-    HEAVY,
     fusion_candidates,
     layer_step,
     per_op_table,
@@ -19,12 +18,12 @@ BATCH, SEQ, DTYPE = 2, 4096, torch.bfloat16
 
 def gpu_times(fns, kinds):  # the kernels' own time, summed (CUPTI), in one profiler session:
     # each operator's repeats back to back, 100 ms a repeat, after a settling run inside the
-    # session: 1.5 s (and until steady) for the first attention and the first matmul -- a
-    # power-limited GPU's clocks drop only after 0.2-0.7 s of heavy work -- 200 ms for the rest
-    settle = [1500.0 if k in HEAVY and k != before else 200.0
-              for k, before in zip(kinds, [None, *kinds[:-1]], strict=True)]  # fmt: skip
+    # session (bench._settle): the first callable, a matmul, 2 s -- after the GPU idled, the clocks
+    # of a power-limited GPU drop only after about a second of heavy work; each kind's first 0.5 s;
+    # the rest 0.2 s (per_op_table passes the matmuls first, then attention, then the rest)
+    settle = [2000.0 if i == 0 else 500.0 if kinds[i] != kinds[i - 1] else 200.0
+              for i in range(len(kinds))]  # fmt: skip
     return kernel_ms_each(fns, target_ms=100.0, interleave=False, settle_ms=settle)
-
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
 ops = per_op_table(QWEN3_8B, BATCH, SEQ, "cuda", DTYPE, gpu_times, ceil)

@@ -85,14 +85,14 @@ def op_key(name: str) -> str:
     return re.sub(r"\W+", "_", name).strip("_")
 
 
-HEAVY = ("attention", "matmul")  # the kinds that draw the most power, timed last, in this order
+FIRST = ("matmul", "attention")  # the kinds that draw the most power, timed first, in this order
 
 
 def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
     """One row per operator of layer_ops (the two identical residual adds once): timer(fns,
     kinds) -> one Stat per callable, of each forward and backward, against the accounting.
-    The callables come memory-bound first, then attention, then the matmuls, so that the
-    power-hungry ones run one after another (the timer settles each kind's first). An identity
+    The callables come grouped by kind: the matmuls first, then attention, then the memory-bound
+    rest, so that the power-hungry ones run one after another. An identity
     backward launches no kernel of its own: its time and bandwidth are None."""
     runners = op_runners(cfg, batch, seq, device, dtype)
     copy = ceilings["copy_bytes_per_s"]
@@ -103,7 +103,7 @@ def per_op_table(cfg, batch, seq, device, dtype, timer, ceilings):
             ops.append((fwd_op, bwd_op))
     timed = [(runners[f.name][0], f) for f, _ in ops]
     timed += [(runners[f.name][1], b) for f, b in ops if b.bytes]
-    timed.sort(key=lambda t: HEAVY.index(t[1].kind) + 1 if t[1].kind in HEAVY else 0)
+    timed.sort(key=lambda t: FIRST.index(t[1].kind) if t[1].kind in FIRST else len(FIRST))
     stats = timer([fn for fn, _ in timed], [op.kind for _, op in timed])
     stats = dict(zip((id(op) for _, op in timed), stats, strict=True))
     rows = []

@@ -245,8 +245,8 @@ def test_measurement_code_runs_at_tiny_shapes():
     assert [r["idx"] for r in rows] == list(range(1, 15))  # the two residual adds once
     assert len({r["op"] for r in rows}) == 14
     assert len(calls) == 2 * len(rows) - 1  # forward and backward; the add's backward is none
-    heavy = [measure.HEAVY.index(k) + 1 if k in measure.HEAVY else 0 for k in calls]
-    assert heavy == sorted(heavy) and calls[-1] == "matmul"  # power-hungry last, grouped
+    first = [measure.FIRST.index(k) if k in measure.FIRST else 9 for k in calls]
+    assert first == sorted(first) and calls[0] == "matmul"  # power-hungry first, grouped
     by_name = {r["op"]: r for r in rows}
     assert (
         by_name["residual_add"]["bwd_ms"] is None and by_name["residual_add"]["bwd_of_copy"] is None
