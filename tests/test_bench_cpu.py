@@ -122,6 +122,51 @@ def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeyp
         bench.kernel_ms_each(fns, settle_ms=1.0)
 
 
+def test_kernel_ms_each_times_again_what_the_clocks_changed_under(monkeypatch, tmp_path):
+    """Not interleaved, a callable whose repeats spread wider than MAX_SPREAD (its clocks
+    dropped mid-way: three fast repeats, four slow) is timed once more in a new session,
+    settling at least RETRY_SETTLE_MS first; the steady one is kept, the first attempt is
+    traced. Never a third attempt."""
+    sessions = []
+
+    def fake_profile(batch):
+        sessions.append([(fn.k, calls) for fn, calls in batch])
+        spans, t, seen = [], 0, {}
+        for fn, calls in batch:
+            i = seen[fn.k] = seen.get(fn.k, -1) + (0 if isinstance(calls, bench.Settle) else 1)
+            n = 1 if isinstance(calls, bench.Settle) else calls
+            ms = fn.ms * (
+                0.85 if fn.k in fn.drop and i < 3 and len(sessions) in fn.drop[fn.k] else 1
+            )
+            spans += [(SPIN, t, t + 1), ("k", t + 10, t + 10 + round(n * ms * 10**6))]
+            t += 10**12
+        return spans
+
+    def make(k, ms, drop):
+        def fn():
+            return None
+
+        fn.k, fn.ms, fn.drop = k, ms, drop
+        return fn
+
+    trace = tmp_path / "trace.tsv"
+    monkeypatch.setenv("HANDBOOK_BENCH_TRACE", str(trace))
+    monkeypatch.setattr(bench, "_profile", fake_profile)
+    monkeypatch.setattr(bench, "_once_ms", lambda fn: fn.ms)
+    drop = {1: {1}}  # callable 1's clocks drop in the first session only
+    fns = [make(0, 1.0, drop), make(1, 4.0, drop)]
+    stats = bench.kernel_ms_each(fns, repeats=7, calls=2, interleave=False, settle_ms=100.0)
+    assert len(sessions) == 2 and [k for k, _ in sessions[1]] == [1] * 8
+    assert sessions[1][0][1] == bench.Settle(bench.RETRY_SETTLE_MS / 1e3, 13)
+    assert [s.median for s in stats] == [pytest.approx(1.0), pytest.approx(4.0)]
+    assert stats[1].spread == 0
+    assert "timed again: first attempt" in trace.read_text()
+    sessions.clear()
+    drop[1] = {1, 2}  # it drops again: the second attempt stands, wide, for the record to reject
+    stats = bench.kernel_ms_each(fns, repeats=7, calls=2, interleave=False, settle_ms=100.0)
+    assert len(sessions) == 2 and stats[1].spread > bench.MAX_SPREAD
+
+
 def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
     """_settle runs at least min_s, then until three chunks agree within SETTLE_TOL: chunks
     that run 15 % fast for 0.4 s and then hold a slower time (a power-capped GPU) settle

@@ -148,19 +148,34 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
     with torch.cuda.graph(graph):
         for _ in range(calls):
             fn()
-    spent = _settle(_timed(graph.replay, 1), settle_ms / 1e3)
-    _trace(spent, "(settling: clocks to their steady state)", "graph_ms")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    with _quiet():
-        for _ in range(repeats):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / calls)
+    for attempt in range(2):  # a second one only after the clocks changed under the first
+        spent = _settle(_timed(graph.replay, 1), settle_ms / 1e3)
+        _trace(spent, "(settling: clocks to their steady state)", "graph_ms")
+        samples = []
+        with _quiet():
+            for _ in range(repeats):
+                start.record()
+                graph.replay()
+                end.record()
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / calls)
+        stat = Stat.of(samples, "gpu-graph")
+        if stat.spread <= MAX_SPREAD or attempt:
+            break
+        _retimed(stat)
     del graph
-    return Stat.of(samples, "gpu-graph")
+    return stat
+
+
+def _retimed(stat: Stat) -> None:
+    """Trace a timing that is measured again: after the GPU had idled, the clocks of a
+    power-capped matmul dropped 2 s into continuous load, during the timed repeats (176 ->
+    200 µs); the harness then settles again and times once more, keeping the second attempt
+    (the first stays in the trace)."""
+    lo, hi = stat.extremes or (stat.lo, stat.hi)
+    _trace(0.0, f"(timed again: first attempt {stat.median:.4g} ms ±{stat.spread:.1%}, "
+                f"repeats {lo:.4g}-{hi:.4g})", "bench.py")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -258,12 +273,14 @@ def kernel_ms(fn, *, repeats: int = REPEATS, calls: int | None = None, target_ms
 
 
 SETTLE_CHUNK_MS = 50.0  # a settling chunk: about this much GPU work between two events
+RETRY_SETTLE_MS = 2000.0  # settling before a second attempt
 
 
 @_traced
 def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
                    target_ms: float = 10.0, warmup: int = 2, interleave: bool = True,
-                   settle_ms: float | Sequence[float] = 0.0) -> list[Stat]:  # fmt: skip
+                   settle_ms: float | Sequence[float] = 0.0,
+                   retry: bool = True) -> list[Stat]:  # fmt: skip
     """kernel_ms of several callables in one profiler session (a session costs about 0.4 s to
     start, stop and read on the H200 machine). interleave: repeat i of each callable in turn,
     then repeat i + 1, so a change of the GPU's clocks reaches all of them alike (steps of one
@@ -275,7 +292,9 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
     the clocks leave the state that the previous callable, or the idle GPU while the profiler
     started, left them in (settled outside the session, a matmul's first repeats still ran
     about 10 % fast: the GPU idles while the profiler starts). Order power-hungry callables
-    (large matmuls) together and give the first of them the long settle."""
+    (large matmuls) together and give the first of them the long settle. retry (not
+    interleaved): callables whose spread is wider than MAX_SPREAD are timed once more in a new
+    session, the first of them settling at least RETRY_SETTLE_MS (see _retimed)."""
     fns = list(fns)
     mins = [float(settle_ms)] * len(fns) if isinstance(settle_ms, int | float) else list(settle_ms)
     if len(mins) != len(fns):
@@ -298,7 +317,18 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
     runs = [(fns[k], per[k] if i >= 0 else Settle(mins[k] / 1e3, chunk[k])) for i, k in order]
     sums = split_runs(_profile(runs), len(order), lambda n: None)
     ms = {ik: s[None][0] / per[ik[1]] / 1e3 for ik, s in zip(order, sums, strict=True)}
-    return [Stat.of([ms[i, k] for i in range(repeats)], "gpu-kernels") for k in range(len(fns))]
+    stats = [Stat.of([ms[i, k] for i in range(repeats)], "gpu-kernels") for k in range(len(fns))]
+    wide = [k for k, st in enumerate(stats) if st.spread > MAX_SPREAD]
+    if wide and not interleave and retry:  # the clocks changed under these: settle, time again
+        for k in wide:
+            _retimed(stats[k])
+        again = kernel_ms_each([fns[k] for k in wide], repeats=repeats, calls=calls,
+                               target_ms=target_ms, warmup=0, interleave=False,
+                               settle_ms=[max(RETRY_SETTLE_MS, mins[wide[0]])]
+                               + [mins[k] for k in wide[1:]], retry=False)  # fmt: skip
+        for k, st in zip(wide, again, strict=True):
+            stats[k] = st
+    return stats
 
 
 @_traced
