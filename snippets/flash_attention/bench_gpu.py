@@ -20,7 +20,7 @@ from snippets.triton_kernels.measure import peak_bytes_cuda  # the triton-kernel
 
 # --8<-- [start:run]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 32, 128, torch.bfloat16  # 32 heads x 128 = hidden 4096
-LENGTHS = (1024, 2048, 4096, 8192, 16384)  # batch = TOKENS / length: 32 sequences down to 2
+LENGTHS = (1024, 4096, 16384)  # batch = TOKENS / length: 32, 8 and 2 sequences
 MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention at 8 K: more n x n tensors than 141 GB
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
 if gpu is None:
