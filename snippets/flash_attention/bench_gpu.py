@@ -29,8 +29,9 @@ if gpu is None:
 
 def gpu_times(fns):  # the kernels' own time (CUPTI), one profiler session, about 5 ms per repeat;
     # each callable's repeats back to back after 30 ms of it: timed in turn, the slowest backend's
-    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel)
-    return kernel_ms_each(fns, target_ms=5.0, interleave=False, settle_ms=30.0)
+    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel).
+    # One warm-up call (compiles, cuDNN plans): the untimed 30 ms warm the clocks, in the session
+    return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False, settle_ms=30.0)
 
 
 impls, missing = implementations(IMPLS, "cuda")
