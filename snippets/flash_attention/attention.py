@@ -392,17 +392,24 @@ def _config(block_m, block_n, warps, stages):
                          num_stages=stages)  # fmt: skip
 
 
-# GPU: few configurations, so that autotuning stays inside the post's 60 s budget; each was
-# compiled for sm_90 at head_dim 128 in bf16 without spills or running out of shared memory.
-FWD_CONFIGS = [_config(128, 64, 8, 3), _config(128, 128, 8, 2)]
-DKDV_CONFIGS = [_config(32, 128, 8, 3), _config(64, 128, 8, 2)]
-DQ_CONFIGS = [_config(128, 32, 8, 3), _config(128, 64, 8, 2)]
+# GPU (sm_90, head_dim 128, bf16): one configuration per kernel, chosen without a GPU, so that
+# the first run compiles one variant per kernel and mask and autotuning, with one candidate,
+# times nothing (the post's 60 s budget). Forward 128 x 128, 8 warps: FlashAttention-3's tile
+# at head_dim 128 (two warpgroups of 64 query rows; 128 keys causal, 176 otherwise) and the only
+# 8-warp tile Triton's fused-attention tutorial keeps on Hopper. dQ 128 x 64: as many scores as
+# FA3's backward tile (64 x 128). dK/dV 32 x 128, the tutorial's backward tile: FA3's 64 x 128
+# gives its MMA warpgroups 240 registers each (setmaxnreg); compiled by Triton 3.6 both tiles
+# use all 255 and 64 x 128 spills more (ptxas -v: 192 / 408 bytes, against 32 / 224, without /
+# with the causal mask). Forward and dQ spill nothing.
+FWD_CONFIGS = [_config(128, 128, 8, 2)]
+DKDV_CONFIGS = [_config(32, 128, 8, 3)]
+DQ_CONFIGS = [_config(128, 64, 8, 2)]
 TUNE_KEY = ["n_ctx", "HEAD_DIM", "CAUSAL"]  # and, always, the dtypes of the tensor arguments
 
 
 def _tune_bench(kernel_call, quantiles):
-    """A few milliseconds per candidate: triton.testing.do_bench's defaults spend about 0.125 s
-    on each, which over lengths, masks and three kernels would use up a fifth of the budget."""
+    """Only with two or more candidates in a list: a few milliseconds per candidate, where
+    triton.testing.do_bench's defaults spend about 0.125 s on each (lengths x masks x kernels)."""
     return triton.testing.do_bench(kernel_call, warmup=5, rep=20, quantiles=quantiles)
 
 

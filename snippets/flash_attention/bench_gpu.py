@@ -20,7 +20,7 @@ from snippets.triton_kernels.measure import peak_bytes_cuda  # the triton-kernel
 
 # --8<-- [start:run]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 32, 128, torch.bfloat16  # 32 heads x 128 = hidden 4096
-LENGTHS = (1024, 2048, 4096, 8192, 16384)  # batch = TOKENS / length: 32 sequences down to 2
+LENGTHS = (1024, 4096, 16384)  # batch = TOKENS / length: 32, 8 and 2 sequences
 MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention at 8 K: more n x n tensors than 141 GB
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
 if gpu is None:
@@ -29,8 +29,9 @@ if gpu is None:
 
 def gpu_times(fns):  # the kernels' own time (CUPTI), one profiler session, about 5 ms per repeat;
     # each callable's repeats back to back after 30 ms of it: timed in turn, the slowest backend's
-    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel)
-    return kernel_ms_each(fns, target_ms=5.0, interleave=False, settle_ms=30.0)
+    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel).
+    # One warm-up call (compiles, cuDNN plans): the untimed 30 ms warm the clocks, in the session
+    return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False, settle_ms=30.0)
 
 
 impls, missing = implementations(IMPLS, "cuda")

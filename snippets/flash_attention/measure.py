@@ -45,7 +45,9 @@ def sdpa(backend: str):
 def flex(compiled: bool):
     """FlexAttention: no mask, or a causal block mask (one per length, made once). compiled:
     torch.compile(flex_attention), the fused kernel; otherwise the eager reference, which
-    materializes the scores (what runs on the CPU)."""
+    materializes the scores (what runs on the CPU). The batch is marked dynamic: at 1 K tokens
+    per sequence it equals the 32 heads, and dynamo, which gives equal sizes one symbol, would
+    compile a graph for that batch alone, then a second one at the next length."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
@@ -62,6 +64,9 @@ def flex(compiled: bool):
                 masks[n, q.device] = create_block_mask(causal_mask, None, None, n, n,
                                                        device=q.device)  # fmt: skip
             mask = masks[n, q.device]
+        if compiled:
+            for t in (q, k, v):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         with warnings.catch_warnings():  # eager flex warns that it is unfused: that is the point
             warnings.simplefilter("ignore", UserWarning)
             return fn(q, k, v, block_mask=mask, enable_gqa=q.shape[1] != k.shape[1])
