@@ -28,10 +28,13 @@ if gpu is None:
 
 
 def gpu_times(fns):  # the kernels' own time (CUPTI), one profiler session, about 5 ms per repeat;
-    # each callable's repeats back to back after 30 ms of it: timed in turn, the slowest backend's
-    # long kernels spread ±5-10 % (the clocks of a power-limited GPU follow the previous kernel).
-    # One warm-up call (compiles, cuDNN plans): the untimed 30 ms warm the clocks, in the session
-    return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False, settle_ms=30.0)
+    # each callable's repeats back to back after a settling run of it (bench._settle): the first
+    # at least 2 s (after idle, a power-limited GPU's clocks drop only after a second or more of
+    # heavy work), the rest at least 30 ms and until three 50 ms chunks agree; timed in turn, the
+    # slowest backend's long kernels spread ±5-10 % (the clocks followed the previous kernel).
+    # One warm-up call (compiles, cuDNN plans)
+    settle = [2000.0] + [30.0] * (len(fns) - 1)
+    return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False, settle_ms=settle)
 
 
 impls, missing = implementations(IMPLS, "cuda")

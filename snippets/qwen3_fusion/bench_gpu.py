@@ -1,5 +1,7 @@
 """On the H200: one Qwen3-8B layer, eager, per operator and whole."""
 
+from itertools import pairwise
+
 import torch
 
 from snippets.common.bench import ceilings, kernel_ms_each
@@ -21,9 +23,9 @@ def gpu_times(fns, kinds):  # the kernels' own time, summed (CUPTI), in one prof
     # session (bench._settle): the first callable, a matmul, 2 s -- after the GPU idled, the clocks
     # of a power-limited GPU drop only after about a second of heavy work; each kind's first 0.5 s;
     # the rest 0.2 s (per_op_table passes the matmuls first, then attention, then the rest)
-    settle = [2000.0 if i == 0 else 500.0 if kinds[i] != kinds[i - 1] else 200.0
-              for i in range(len(kinds))]  # fmt: skip
+    settle = [2000.0] + [500.0 if k != before else 200.0 for before, k in pairwise(kinds)]
     return kernel_ms_each(fns, target_ms=100.0, interleave=False, settle_ms=settle)
+
 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
 ops = per_op_table(QWEN3_8B, BATCH, SEQ, "cuda", DTYPE, gpu_times, ceil)
