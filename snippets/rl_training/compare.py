@@ -41,10 +41,10 @@ def token_weights(loss_fn, lengths, rewards, **kw):
 lengths, r = [2, 6], [0.0, 1.0]  # a short wrong answer and a long right one
 grpo = lambda lp, old, m, rw: grpo_loss(lp, old, old, m, rw)  # noqa: E731 (ref = old: KL 0)
 print("GRPO    ", token_weights(grpo, lengths, r))  # 1 / (G |o_i|): the short one weighs 3x
-print("DAPO    ", token_weights(dapo_loss, lengths, r))  # 1 / sum |o_i|: equal per token
-print("Dr. GRPO", token_weights(dr_grpo_loss, lengths, r, max_tokens=8))  # 1 / (G * 8)
 #> GRPO     [0.1768, -0.0589]
+print("DAPO    ", token_weights(dapo_loss, lengths, r))  # 1 / sum |o_i|: equal per token
 #> DAPO     [0.0884, -0.0884]
+print("Dr. GRPO", token_weights(dr_grpo_loss, lengths, r, max_tokens=8))  # 1 / (G * 8)
 #> Dr. GRPO [0.0312, -0.0312]
 # --8<-- [end:weights]
 
@@ -74,7 +74,7 @@ pi = torch.tensor([0.5, 0.3, 0.2], dtype=F64)
 ref = torch.tensor([0.2, 0.5, 0.3], dtype=F64)
 per_sample = k3(pi.log(), ref.log())
 exact_kl = (pi * (pi / ref).log()).sum()
-print(bool((per_sample >= 0).all()), round((pi * per_sample).sum().item(), 6),
-      round(exact_kl.item(), 6))  # fmt: skip
+mean_k3 = (pi * per_sample).sum().item()
+print(bool((per_sample >= 0).all()), round(mean_k3, 6), round(exact_kl.item(), 6))
 #> True 0.223805 0.223805
 # --8<-- [end:k3]

@@ -70,8 +70,8 @@ def rel_error(g: dict, name: str) -> float:
 
 for source, rollout in (("fp16 logits", low), ("stale policy", stale)):
     plain, tis = exact_gradients(logits, rollout, adv), exact_gradients(logits, rollout, adv, 2.0)
-    print(source, f"{rel_error(plain, 'uncorrected'):.1e}", rel_error(plain, "corrected") < 1e-12,
-          f"{rel_error(tis, 'corrected'):.2f}")  # fmt: skip
-#> fp16 logits 1.5e-04 True 0.00
-#> stale policy 7.3e-01 True 0.08
+    off, exact = rel_error(plain, "uncorrected"), rel_error(plain, "corrected") < 1e-12
+    print(source, f"{off:.1e}", exact, f"{rel_error(tis, 'corrected'):.2f}")
+    #> fp16 logits 1.5e-04 True 0.00
+    #> stale policy 7.3e-01 True 0.08
 # --8<-- [end:demo]

@@ -31,10 +31,12 @@ class Lengths:
                 for _ in range(n)]  # fmt: skip
 
     def cdf(self, x: float) -> float:
-        if x >= self.cap:
-            return 1.0
-        z = (math.log(x) - math.log(self.median)) / self.sigma
-        return 0.5 * (1 + math.erf(z / math.sqrt(2))) if x > 0 else 0.0
+        """P(min(L, cap) <= x): the lognormal's CDF below the cap, 1 from the cap on."""
+        return 1.0 if x >= self.cap else self._lognormal_cdf(x)
+
+    def _lognormal_cdf(self, x: float) -> float:
+        z = (math.log(x) - math.log(self.median)) / self.sigma if x > 0 else -math.inf
+        return 0.5 * (1 + math.erf(z / math.sqrt(2)))
 
     def mean(self) -> float:
         """E[min(L, cap)] in closed form: E[L; L < c] + c P(L >= c)."""
@@ -47,12 +49,12 @@ class Lengths:
         """E[max of n lengths] = integral over [0, cap] of 1 - F(x)^n (trapezoid on a log grid)."""
         lo, hi = math.log(self.median) - 12 * self.sigma, math.log(self.cap)
         us = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
-        ys = [(1 - self.cdf(math.exp(u)) ** n) * math.exp(u) for u in us]
+        ys = [(1 - self._lognormal_cdf(math.exp(u)) ** n) * math.exp(u) for u in us]
         step = (hi - lo) / (points - 1)
         return math.exp(lo) + step * (sum(ys) - (ys[0] + ys[-1]) / 2)
 
     def truncated(self) -> float:
-        return 1 - self.cdf(self.cap * (1 - 1e-12))
+        return 1 - self._lognormal_cdf(self.cap)
 
 
 # --8<-- [end:lengths]

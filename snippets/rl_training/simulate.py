@@ -14,7 +14,7 @@ lengths = WORKLOAD.draw(BATCH * STEPS, seed=0)
 mean_len, mean_max = WORKLOAD.mean(), WORKLOAD.mean_max(BATCH)
 TRAIN = mean_max * (1 - ROLLOUT_SHARE) / ROLLOUT_SHARE  # decode steps per training step
 print(f"{WORKLOAD.truncated():.1%} truncated, E[L] = {mean_len:.0f}, E[max of 64] = {mean_max:.0f}")
-#> 1.1% truncated, E[L] = 3269, E[max of 64] = 17883
+#> 1.1% truncated, E[L] = 3269, E[max of 64] = 17901
 # --8<-- [end:workload]
 
 
@@ -35,25 +35,36 @@ def check(run, slots, train, trained_lengths):
     assert 0 < run.utilization <= 1 + 1e-12
 
 
-runs = {"synchronous": synchronous(lengths, BATCH, TRAIN)}
-sync = runs["synchronous"]
+runs = {"sync": synchronous(lengths, BATCH, TRAIN)}
+sync = runs["sync"]
 per_batch = [lengths[i : i + BATCH] for i in range(0, len(lengths), BATCH)]
 simulated, error = ratio_and_error([sum(b) / BATCH for b in per_batch],
                                    [max(b) + TRAIN for b in per_batch])  # fmt: skip
 closed_form = mean_len / (mean_max + TRAIN)  # synchronous utilization, closed form
 assert math.isclose(sync.utilization, simulated, rel_tol=1e-12)
 assert abs(simulated - closed_form) < 4 * error
-runs["one-step off-policy"] = one_step_off(lengths, BATCH, TRAIN)
-assert set(runs["one-step off-policy"].staleness) == {0, 1}
+runs["one-step"] = one_step_off(lengths, BATCH, TRAIN)
+assert set(runs["one-step"].staleness) == {0, 1}
 for eta in (0, 1, 2, 4, 8):
-    runs[f"async η={eta}"] = fully_async(lengths, BATCH, BATCH, TRAIN, eta)
-runs["async η=4, start order"] = fully_async(lengths, BATCH, BATCH, TRAIN, 4, order="start")
-assert math.isclose(runs["async η=0"].wall, sync.wall, rel_tol=1e-12)  # η = 0 is synchronous
-assert max(runs["async η=4, start order"].staleness) <= 4
+    runs[f"async-{eta}"] = fully_async(lengths, BATCH, BATCH, TRAIN, eta)
+runs["async-4-start"] = fully_async(lengths, BATCH, BATCH, TRAIN, 4, order="start")
+assert math.isclose(runs["async-0"].wall, sync.wall, rel_tol=1e-12)  # η = 0 is synchronous
+assert max(runs["async-4-start"].staleness) <= 4
 for run in runs.values():
     check(run, BATCH, TRAIN, lengths)
 print(f"{simulated:.3f} ± {error:.3f} (simulated), {closed_form:.3f} (closed form)")
 #> 0.128 ± 0.001 (simulated), 0.128 (closed form)
+for name, run in runs.items():
+    speedup, stale = run.throughput / sync.throughput, sum(run.staleness) / len(run.staleness)
+    print(f"{name:14} {run.utilization:.3f} {speedup:.2f}x {stale:.2f} {max(run.staleness)}")
+    #> sync           0.128 1.00x 0.00 0
+    #> one-step       0.183 1.43x 1.00 1
+    #> async-0        0.128 1.00x 0.00 0
+    #> async-1        0.396 3.09x 1.00 3
+    #> async-2        0.426 3.32x 1.99 4
+    #> async-4        0.427 3.33x 3.96 7
+    #> async-8        0.427 3.33x 7.84 11
+    #> async-4-start  0.423 3.30x 3.97 4
 # --8<-- [end:bounds]
 
 # --8<-- [start:equal]
@@ -71,18 +82,18 @@ print(slots, f"{split.throughput / sync.throughput:.2f}", f"{ideal / sync.throug
 # --8<-- [end:equal]
 
 # --8<-- [start:sweep]
-sweep = []
+sweep = []  # the generation phase alone (no training time): how the tail sets the waiting
 for sigma in (0.25, 0.5, 0.75, 1.0, 1.25, 1.5):
     w = Lengths(WORKLOAD.median, sigma, WORKLOAD.cap)
     drawn = w.draw(BATCH * STEPS, seed=1)
-    for pipeline, run in (("synchronous", synchronous(drawn, BATCH, TRAIN)),
-                          ("async η=4", fully_async(drawn, BATCH, BATCH, TRAIN, 4))):  # fmt: skip
+    for pipeline, run in (("sync", synchronous(drawn, BATCH, train=0.0)),
+                          ("async-4", fully_async(drawn, BATCH, BATCH, 0.0, eta=4))):  # fmt: skip
         sweep.append({"sigma": sigma, "pipeline": pipeline, "utilization": run.utilization})
-    sweep.append({"sigma": sigma, "pipeline": "synchronous (closed form)",
-                  "utilization": w.mean() / (w.mean_max(BATCH) + TRAIN)})  # fmt: skip
+    sweep.append({"sigma": sigma, "pipeline": "sync-closed-form",
+                  "utilization": w.mean() / w.mean_max(BATCH)})  # fmt: skip
 # --8<-- [end:sweep]
 
-hist = Counter(runs["async η=4"].staleness)
+hist = Counter(runs["async-4"].staleness)
 computed_result(
     "rl-training",
     "pipelines",
@@ -107,7 +118,7 @@ computed_result(
             for name, run in runs.items()
         ],
         "staleness_eta4": [
-            {"staleness": k, "share": hist[k] / len(runs["async η=4"].staleness)}
+            {"staleness": k, "share": hist[k] / len(runs["async-4"].staleness)}
             for k in sorted(hist)
         ],
         "split_slots": slots,

@@ -24,9 +24,9 @@ rows = [{"model": m, "link": name, "gb": n * 2 / 1e9, "seconds": sync_seconds(n,
 for r in rows:
     if r["model"] == "qwen3-8b":
         print(r["link"], f"{r['seconds']:.3f} s")
-#> pcie-gen5-x16 0.256 s
-#> nvlink-c2c 0.036 s
-#> h200-hbm-copy 0.007 s
+        #> pcie-gen5-x16 0.256 s
+        #> nvlink-c2c 0.036 s
+        #> h200-hbm-copy 0.007 s
 # --8<-- [end:model]
 
 # --8<-- [start:step]
