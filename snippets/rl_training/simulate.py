@@ -98,8 +98,6 @@ computed_result(
     "rl-training",
     "pipelines",
     {
-        "batch": BATCH,
-        "steps": STEPS,
         "mean_len": mean_len,
         "mean_max": mean_max,
         "truncated": WORKLOAD.truncated(),
