@@ -63,6 +63,15 @@ print(lp.grad[0, 0].abs().max().item(), lp.grad[0, 1].abs().max().item() > 0)
 #> 0.0 True
 # --8<-- [end:gspo]
 
+# --8<-- [start:cliphigher]
+# DAPO §3.1: with eps = 0.2, tokens at pi_old = 0.01 and 0.9 can rise at most to 0.012 and 1.08
+# before the clip stops their gradient; eps_high = 0.28 leaves the rare token more room.
+pi_old = torch.tensor([0.01, 0.9], dtype=F64)
+ceiling = {eps: [round(x, 4) for x in (pi_old * (1 + eps)).tolist()] for eps in (0.2, 0.28)}
+print(ceiling[0.2], ceiling[0.28])
+#> [0.012, 1.08] [0.0128, 1.152]
+# --8<-- [end:cliphigher]
+
 # --8<-- [start:overlong]
 print(overlong_penalty([16000, 16384, 18432, 20480]).tolist())  # DAPO defaults: 20480 - 4096
 #> [0.0, 0.0, -0.5, -1.0]
