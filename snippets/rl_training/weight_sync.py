@@ -39,5 +39,8 @@ print(f"{pcie_8b / VERL_STEP_S:.1e}")
 #> 3.4e-04
 # --8<-- [end:step]
 
-computed_result("rl-training", "weight-sync",
-                {"rows": rows, "verl_step_s": VERL_STEP_S, "pcie_8b_share": pcie_8b / VERL_STEP_S})
+computed_result(
+    "rl-training",
+    "weight-sync",
+    {"rows": rows, "verl_step_s": VERL_STEP_S, "pcie_8b_share": pcie_8b / VERL_STEP_S},
+)
