@@ -1,0 +1,477 @@
+"""Unit tests for snippets/rl_training/: the losses against hand-computed values, the papers'
+stated properties and an independently written reference (values and autograd gradients); the
+off-policy weights; the pipeline simulation against its closed-form bounds."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from snippets.common.datafile import load_host_links
+from snippets.rl_training.losses import (
+    BatchError,
+    check_batch,
+    clipped_surrogate,
+    dapo_loss,
+    dr_grpo_loss,
+    group_advantages,
+    grpo_loss,
+    gspo_loss,
+    informative_groups,
+    k3,
+    overlong_penalty,
+    ppo_loss,
+    sequence_ratio,
+)
+from snippets.rl_training.offpolicy import exact_gradients, ppo_loss_tis, tis_weights
+from snippets.rl_training.pipeline import (
+    Lengths,
+    batches,
+    fully_async,
+    one_step_off,
+    synchronous,
+)
+from snippets.rl_training.weight_sync import links, sync_seconds
+
+F64 = torch.float64
+
+
+def batch(p=2, g=4, t=7, seed=0, spread=0.3, dtype=F64):
+    """Random log-probs with ratios on both sides of the clip range, ragged masks, 0/1 rewards
+    with both values in every group."""
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(p, g, t, generator=gen, dtype=F64) * 3
+    logp = old + spread * torch.randn(p, g, t, generator=gen, dtype=F64)
+    ref = old + 0.2 * torch.randn(p, g, t, generator=gen, dtype=F64)
+    lengths = torch.randint(1, t + 1, (p, g), generator=gen)
+    mask = (torch.arange(t) < lengths[..., None]).to(F64)
+    rewards = torch.randint(0, 2, (p, g), generator=gen).to(F64)
+    rewards[:, 0], rewards[:, 1] = 1.0, 0.0
+    return [x.to(dtype) for x in (logp, old, ref, mask, rewards)]
+
+
+# ------------------------------------------------------------------ independent reference
+# Written from the papers' formulas with Python loops and PPO's case analysis of the clip
+# (Schulman et al. 2017, Figure 1): for A >= 0 the ratio is capped at 1 + eps, for A < 0 at
+# 1 - eps from below. No code is shared with snippets/rl_training/losses.py.
+
+
+def ref_clip(ratio, a, lo, hi):
+    return torch.minimum(ratio, torch.tensor(1 + hi, dtype=ratio.dtype)) * a if a >= 0 else \
+        torch.maximum(ratio, torch.tensor(1 - lo, dtype=ratio.dtype)) * a  # fmt: skip
+
+
+def ref_advantages(rewards, scale):
+    out = []
+    for row in rewards.tolist():
+        mean = sum(row) / len(row)
+        std = math.sqrt(sum((r - mean) ** 2 for r in row) / (len(row) - 1))
+        out.append([(r - mean) / (std + 1e-6) if scale else r - mean for r in row])
+    return out
+
+
+def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None):
+    """The paper's objective (to maximise), summed term by term."""
+    p_n, g_n, _ = logp.shape
+    adv = ref_advantages(rewards, scale=kind != "dr_grpo")
+    total = 0.0
+    for p in range(p_n):
+        group_tokens = int(mask[p].sum().item())
+        for i in range(g_n):
+            n = int(mask[p, i].sum().item())
+            a = adv[p][i]
+            if kind == "gspo":  # Eq. (5), (7): the product of token ratios to the power 1/|y|
+                prod = 1.0
+                for t in range(n):
+                    prod = prod * torch.exp(logp[p, i, t] - old[p, i, t])
+                total = total + ref_clip(prod ** (1 / n), a, 3e-4, 4e-4) / g_n
+                continue
+            for t in range(n):
+                ratio = torch.exp(logp[p, i, t] - old[p, i, t])
+                if kind == "grpo":  # DeepSeekMath Eq. (3) with Eq. (4)
+                    r = torch.exp(ref[p, i, t] - logp[p, i, t])
+                    term = ref_clip(ratio, a, 0.2, 0.2) - 0.04 * (r - torch.log(r) - 1)
+                    total = total + term / (g_n * n)
+                elif kind == "dapo":  # DAPO Eq. (8)
+                    total = total + ref_clip(ratio, a, 0.2, 0.28) / group_tokens
+                elif kind == "dr_grpo":  # Dr. GRPO §3.2, Listing 1
+                    total = total + ref_clip(ratio, a, 0.2, 0.2) / (g_n * max_tokens)
+    return total / p_n
+
+
+LOSSES = {
+    "grpo": lambda lp, old, ref, m, r: grpo_loss(lp, old, ref, m, r),
+    "dapo": lambda lp, old, ref, m, r: dapo_loss(lp, old, m, r),
+    "dr_grpo": lambda lp, old, ref, m, r: dr_grpo_loss(lp, old, m, r, max_tokens=9),
+    "gspo": lambda lp, old, ref, m, r: gspo_loss(lp, old, m, r),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LOSSES))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_loss_and_gradient_match_the_reference(kind, seed):
+    logp, old, ref, mask, rewards = batch(seed=seed, spread=0.3 if kind != "gspo" else 1e-3)
+    a = logp.clone().requires_grad_(True)
+    b = logp.clone().requires_grad_(True)
+    ours = LOSSES[kind](a, old, ref, mask, rewards)
+    theirs = -ref_objective(kind, b, old, ref, mask, rewards, max_tokens=9)
+    ours.backward()
+    theirs.backward()
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+    assert (a.grad * (1 - mask)).abs().max() == 0  # padding gets no gradient
+
+
+def test_the_reference_batches_cross_the_clip_boundaries():
+    """The comparison above would prove little if no ratio were ever clipped."""
+    logp, old, _, mask, _ = batch(seed=0)
+    ratio = torch.exp(logp - old)[mask.bool()]
+    assert (ratio > 1.28).any() and (ratio < 0.8).any() and ((ratio > 0.8) & (ratio < 1.2)).any()
+    s = sequence_ratio(*batch(seed=0, spread=1e-3)[:2], mask)
+    assert (s > 1 + 4e-4).any() and (s < 1 - 3e-4).any()
+
+
+# ------------------------------------------------------------------ hand-computed cases
+
+
+def test_advantages_by_hand():
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]], dtype=F64)  # mean 1/2, sample std sqrt(1/3)
+    want = 0.5 / (math.sqrt(1 / 3) + 1e-6)
+    assert torch.allclose(
+        group_advantages(r), torch.tensor([[want, -want, -want, want]], dtype=F64)
+    )
+    assert group_advantages(r, scale=False).tolist() == [[0.5, -0.5, -0.5, 0.5]]
+
+
+@pytest.mark.parametrize("value", [0.0, 1.0, -1.0, 0.37])
+def test_all_equal_rewards_give_zero_advantage(value):
+    """DAPO §3.2: a group whose outputs all get the same reward has zero advantage, so no
+    gradient, under every loss built on group advantages."""
+    r = torch.full((1, 5), value, dtype=F64)
+    assert group_advantages(r).abs().max() == 0
+    assert group_advantages(r, scale=False).abs().max() == 0
+    logp, old, _, mask, _ = batch(p=1, g=5, seed=3)
+    for loss in (lambda lp: grpo_loss(lp, old, lp.detach(), mask, r),  # KL 0 at ref = logp
+                 lambda lp: dr_grpo_loss(lp, old, mask, r, max_tokens=7),
+                 lambda lp: gspo_loss(lp, old, mask, r)):  # fmt: skip
+        lp = logp.clone().requires_grad_(True)
+        loss(lp).backward()
+        assert lp.grad.abs().max() == 0
+
+
+@pytest.mark.parametrize(
+    ("ratio", "adv", "lo", "hi", "want"),
+    [
+        (1.5, 1.0, 0.2, 0.2, 1.2),  # pushed up too far: capped at 1 + eps
+        (0.5, 1.0, 0.2, 0.2, 0.5),  # below 1 with A > 0: not clipped (pessimistic min)
+        (0.5, -1.0, 0.2, 0.2, -0.8),  # pushed down too far with A < 0: capped at 1 - eps
+        (1.5, -1.0, 0.2, 0.2, -1.5),  # above 1 with A < 0: not clipped
+        (1.25, 1.0, 0.2, 0.28, 1.25),  # clip-higher leaves room up to 1.28 (DAPO §3.1)
+        (1.25, 1.0, 0.2, 0.2, 1.2),
+    ],
+)
+def test_clipped_surrogate_by_hand(ratio, adv, lo, hi, want):
+    out = clipped_surrogate(torch.tensor(ratio, dtype=F64), torch.tensor(adv, dtype=F64), lo, hi)
+    assert math.isclose(out.item(), want, rel_tol=1e-12)
+
+
+def test_ppo_loss_is_the_token_mean_of_l_clip():
+    logp, old, _, mask, _ = batch(seed=4)
+    adv = torch.randn(logp.shape, generator=torch.Generator().manual_seed(1), dtype=F64)
+    per_token = clipped_surrogate(torch.exp(logp - old), adv)
+    assert torch.isclose(ppo_loss(logp, old, adv, mask), -(per_token * mask).sum() / mask.sum())
+
+
+def test_clip_higher_keeps_the_gradient_of_a_low_probability_token_longer():
+    """DAPO §3.1: with eps_high = 0.28 a token whose ratio is 1.25 still gets a gradient."""
+    for ratio, expect in ((1.25, True), (1.3, False)):
+        lp = torch.zeros(1, 2, 1, dtype=F64)
+        lp[0, 0, 0] = math.log(ratio)
+        lp.requires_grad_(True)
+        dapo_loss(lp, torch.zeros(1, 2, 1, dtype=F64), torch.ones(1, 2, 1, dtype=F64),
+                  torch.tensor([[1.0, 0.0]], dtype=F64)).backward()  # fmt: skip
+        assert (lp.grad[0, 0, 0] != 0).item() is expect
+
+
+# ------------------------------------------------------------------ the papers' properties
+
+
+def weights(loss, lengths, rewards):
+    """|d loss / d logp| of the first token of each response, on-policy (ratios 1)."""
+    t = max(lengths)
+    mask = torch.tensor([[[1.0] * n + [0.0] * (t - n) for n in lengths]], dtype=F64)
+    lp = torch.full_like(mask, -1.0, requires_grad=True)
+    loss(lp, lp.detach(), mask, torch.tensor([rewards], dtype=F64)).backward()
+    return [abs(lp.grad[0, i, 0].item()) for i in range(len(lengths))]
+
+
+def test_token_level_loss_weighs_every_token_alike():
+    """DAPO §3.3: with the token-level loss a long response weighs in proportion to its length
+    (each token the same); GRPO's sample-level loss gives each response the same total."""
+    lengths, rewards = [3, 12, 6], [1.0, 0.0, 1.0]
+    adv = group_advantages(torch.tensor([rewards], dtype=F64))[0].abs().tolist()
+    dapo = [w / a for w, a in zip(weights(dapo_loss, lengths, rewards), adv, strict=True)]
+    assert all(math.isclose(w, 1 / sum(lengths), rel_tol=1e-12) for w in dapo)
+    grpo = weights(lambda lp, o, m, r: grpo_loss(lp, o, o, m, r), lengths, rewards)
+    totals = [w / a * n for w, a, n in zip(grpo, adv, lengths, strict=True)]
+    assert all(math.isclose(x, 1 / len(lengths), rel_tol=1e-12) for x in totals)
+
+
+def test_dr_grpo_removes_the_length_bias():
+    """Dr. GRPO §3.1: under GRPO a long wrong answer is penalised less per token than a short
+    wrong one; without 1/|o_i| every token weighs 1 / (G * MAX_TOKENS)."""
+    lengths, rewards = [2, 10, 5], [0.0, 0.0, 1.0]
+    grpo = weights(lambda lp, o, m, r: grpo_loss(lp, o, o, m, r), lengths, rewards)
+    assert grpo[1] < grpo[0]  # the longer wrong answer gets the smaller push down
+    dr = weights(lambda lp, o, m, r: dr_grpo_loss(lp, o, m, r, max_tokens=16), lengths, rewards)
+    adv = [abs(a) for a in group_advantages(torch.tensor([rewards]), scale=False)[0].tolist()]
+    assert all(
+        math.isclose(w / a, 1 / (3 * 16), rel_tol=1e-6) for w, a in zip(dr, adv, strict=True)
+    )
+
+
+def test_dr_grpo_drops_the_std_difficulty_weight():
+    """Dr. GRPO §3.1: dividing by std(R) weighs an easy (3 of 4 right) question more than a
+    balanced one; r - mean does not."""
+    r = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=F64)
+    wrong = [group_advantages(r)[1, 3].abs(), group_advantages(r)[0, 1].abs()]
+    assert wrong[0] > wrong[1]
+    plain = group_advantages(r, scale=False)
+    assert plain[1, 3].abs() > plain[0, 1].abs()  # only the reward gap: 0.75 vs 0.5
+    assert torch.isclose(plain[1, 3].abs() / plain[0, 1].abs(), torch.tensor(1.5, dtype=F64))
+
+
+def test_gspo_ratio_is_the_length_normalised_sequence_likelihood_ratio():
+    """GSPO Eq. (7): s_i = (pi(y|x) / pi_old(y|x))^(1/|y|) = exp(mean log-ratio) = geometric
+    mean of the token ratios; padding does not enter."""
+    logp, old, _, mask, _ = batch(seed=5)
+    s = sequence_ratio(logp, old, mask)
+    seq_logp, seq_old = (logp * mask).sum(-1), (old * mask).sum(-1)
+    n = mask.sum(-1)
+    assert torch.allclose(s, (torch.exp(seq_logp) / torch.exp(seq_old)) ** (1 / n), rtol=1e-12)
+    ratios = torch.where(mask.bool(), torch.exp(logp - old), torch.ones_like(logp))
+    assert torch.allclose(s, ratios.prod(-1) ** (1 / n), rtol=1e-12)
+    garbage = logp + 100 * (1 - mask)
+    assert torch.equal(sequence_ratio(garbage, old, mask), s)
+
+
+def test_gspo_gradient_is_equation_10():
+    """Unclipped, GSPO weighs every token of response i by s_i A_i / |y_i| (GSPO Eq. (10))."""
+    logp, old, _, mask, rewards = batch(seed=6, spread=1e-5)
+    lp = logp.clone().requires_grad_(True)
+    gspo_loss(lp, old, mask, rewards, eps_low=1.0, eps_high=1.0).backward()
+    p, g = rewards.shape
+    want = sequence_ratio(logp, old, mask) * group_advantages(rewards) / mask.sum(-1)
+    assert torch.allclose(lp.grad, -(want[..., None] * mask) / (p * g), rtol=1e-10)
+
+
+def test_grpo_gradient_is_equation_11():
+    """Unclipped and without KL, GRPO weighs token t of response i by w_it A_i / |y_i| (GSPO
+    Eq. (11)): each token by its own ratio."""
+    logp, old, _, mask, rewards = batch(seed=7)
+    lp = logp.clone().requires_grad_(True)
+    grpo_loss(lp, old, old, mask, rewards, eps=10.0, beta=0.0).backward()
+    p, g = rewards.shape
+    w = torch.exp(logp - old)
+    want = w * (group_advantages(rewards) / mask.sum(-1))[..., None] * mask
+    assert torch.allclose(lp.grad, -want / (p * g), rtol=1e-10)
+
+
+def test_k3_is_non_negative_and_unbiased():
+    """Schulman's k3: E_{x~pi}[r - 1 - log r] = KL(pi || ref) exactly, and every sample >= 0."""
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        pi = torch.softmax(torch.randn(11, generator=gen, dtype=F64), 0)
+        ref = torch.softmax(torch.randn(11, generator=gen, dtype=F64), 0)
+        per_sample = k3(pi.log(), ref.log())
+        assert (per_sample >= 0).all()
+        assert torch.isclose((pi * per_sample).sum(), (pi * (pi / ref).log()).sum(), rtol=1e-12)
+    assert k3(torch.tensor(-2.0), torch.tensor(-2.0)).item() == 0
+
+
+def test_overlong_penalty_follows_equation_13():
+    assert overlong_penalty([1, 16384, 16385, 18432, 20480, 30000]).tolist() == [
+        0.0, 0.0, -1 / 4096, -0.5, -1.0, -1.0]  # fmt: skip
+    assert overlong_penalty([90, 95, 100], max_len=100, cache=10).tolist() == [0.0, -0.5, -1.0]
+    with pytest.raises(ValueError, match="cache"):
+        overlong_penalty([1], max_len=100, cache=0)
+
+
+def test_dynamic_sampling_keeps_informative_groups_only():
+    r = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [-1.0, 1.0, 1.0]])
+    assert informative_groups(r).tolist() == [True, False, False, True]
+
+
+def test_fp32_agrees_with_fp64():
+    for kind, fn in LOSSES.items():
+        b64 = batch(seed=8)
+        b32 = [x.float() for x in b64]
+        assert math.isclose(fn(*b32).item(), fn(*b64).item(), rel_tol=1e-5, abs_tol=1e-6), kind
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_batches_get_clear_errors():
+    logp, old, ref, mask, rewards = batch()
+    empty = mask.clone()
+    empty[1, 2] = 0
+    with pytest.raises(BatchError, match=r"prompt 1, sample 2\) has no tokens"):
+        grpo_loss(logp, old, ref, empty, rewards)
+    with pytest.raises(BatchError, match="old_logp has shape"):
+        dapo_loss(logp, old[..., :-1], mask, rewards)
+    with pytest.raises(BatchError, match="rewards has shape"):
+        gspo_loss(logp, old, mask, rewards[:, :-1])
+    with pytest.raises(BatchError, match="at least 2 responses"):
+        grpo_loss(logp[:, :1], old[:, :1], ref[:, :1], mask[:, :1], rewards[:, :1])
+    with pytest.raises(BatchError, match=r"at least 2 responses|group >= 2"):
+        group_advantages(rewards[:, :1])
+    with pytest.raises(BatchError, match="only 0 and 1"):
+        check_batch(logp, old, mask * 0.5)
+    with pytest.raises(BatchError, match="prompts, group, tokens"):
+        check_batch(logp[0], old[0], mask[0])
+    with pytest.raises(BatchError, match="max_tokens"):
+        dr_grpo_loss(logp, old, mask, rewards, max_tokens=3)
+    same = rewards.clone()
+    same[1] = 1.0
+    with pytest.raises(BatchError, match="prompt 1: all rewards equal"):
+        dapo_loss(logp, old, mask, same)
+
+
+# ------------------------------------------------------------------ off-policy correction
+
+
+def test_tis_weights():
+    logp, old, _, mask, _ = batch(seed=9, spread=1.0)
+    w = tis_weights(logp, old, mask, cap=2.0)
+    assert w.max() <= 2.0 and (w * (1 - mask)).abs().max() == 0
+    ratio = torch.exp(logp - old)
+    assert torch.allclose(w, torch.minimum(ratio, torch.tensor(2.0, dtype=F64)) * mask)
+    assert torch.equal(tis_weights(old, old, mask), mask)  # same policy: weight 1
+    seq = tis_weights(logp, old, mask, cap=1e9, level="sequence")
+    prod = torch.where(mask.bool(), ratio, torch.ones_like(ratio)).prod(-1, keepdim=True)
+    assert torch.allclose(seq, prod * mask, rtol=1e-12)
+    lp = logp.clone().requires_grad_(True)
+    assert not tis_weights(lp, old, mask).requires_grad  # a weight, not a path for gradients
+    with pytest.raises(ValueError, match="level"):
+        tis_weights(logp, old, mask, level="batch")
+    with pytest.raises(ValueError, match="cap"):
+        tis_weights(logp, old, mask, cap=0)
+
+
+def test_tis_reduces_to_ppo_when_rollout_equals_trainer():
+    logp, old, _, mask, rewards = batch(seed=10)
+    adv = group_advantages(rewards)[..., None].expand_as(mask)
+    assert torch.isclose(ppo_loss_tis(logp, old, old, mask, adv), ppo_loss(logp, old, adv, mask))
+
+
+@pytest.mark.parametrize("scale", [0.2, 1.0, 3.0])
+def test_truncation_bias_is_bounded(scale):
+    """E_q[min(rho, C) f] - E_p[f] = -E_q[(rho - C)_+ f]: the bias is at most max|f| times the
+    truncated mass; plain importance sampling is exact."""
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(20, generator=gen, dtype=F64)
+    rollout = logits + scale * torch.randn(20, generator=gen, dtype=F64)
+    adv = torch.randn(20, generator=gen, dtype=F64)
+    exact = exact_gradients(logits, rollout, adv)
+    assert torch.allclose(exact["corrected"], exact["truth"], rtol=1e-10, atol=1e-14)
+    p, q = torch.softmax(logits, 0), torch.softmax(rollout, 0)
+    rho, cap = p / q, 2.0
+    bias = (q * rho.clamp(max=cap) * adv).sum() - (p * adv).sum()
+    assert bias.abs() <= adv.abs().max() * (q * (rho - cap).clamp(min=0)).sum() + 1e-15
+
+
+# ------------------------------------------------------------------ pipeline simulation
+
+
+def test_closed_forms_of_the_length_distribution():
+    w = Lengths(median=100, sigma=0.8, cap=600)
+    draws = w.draw(200_000, seed=3)
+    m = sum(draws) / len(draws)
+    se = math.sqrt(sum((x - m) ** 2 for x in draws) / (len(draws) - 1) / len(draws))
+    assert abs(m - w.mean()) < 4 * se
+    assert math.isclose(w.mean_max(1), w.mean(), rel_tol=1e-6)  # the integral, checked
+    assert math.isclose(w.mean_max(8), w.mean_max(8, points=20001), rel_tol=1e-6)
+    maxima = [max(draws[i : i + 8]) for i in range(0, len(draws), 8)]
+    mm = sum(maxima) / len(maxima)
+    se = math.sqrt(sum((x - mm) ** 2 for x in maxima) / (len(maxima) - 1) / len(maxima))
+    assert abs(mm - w.mean_max(8)) < 4 * se
+    assert w.mean() < w.mean_max(2) < w.mean_max(8) < w.cap
+
+
+def test_synchronous_utilization_is_mean_over_max():
+    lengths = [3.0, 1.0, 2.0, 2.0, 5.0, 5.0]
+    run = synchronous(lengths, batch=2, train=0.0)
+    assert math.isclose(run.utilization, (4 + 4 + 10) / (2 * (3 + 2 + 5)))
+    assert synchronous([7.0] * 8, batch=4, train=0.0).utilization == 1.0  # no tail, no waiting
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_async_with_eta_zero_is_synchronous(seed):
+    lengths = Lengths(50, 1.0, 400).draw(16 * 20, seed=seed)
+    a = fully_async(lengths, 16, 16, train=30.0, eta=0, sync=4.0)
+    s = synchronous(lengths, 16, train=30.0, sync=4.0)
+    assert math.isclose(a.wall, s.wall, rel_tol=1e-12) and a.staleness == s.staleness
+
+
+@pytest.mark.parametrize("eta", [1, 2, 3])
+@pytest.mark.parametrize("slots", [8, 16, 40])
+def test_staleness_bound_in_start_order(eta, slots):
+    """Trained in start order, no sample is more than eta versions old (AReaL's bound)."""
+    lengths = Lengths(50, 1.2, 800).draw(16 * 25, seed=eta)
+    run = fully_async(lengths, 16, slots, train=20.0, eta=eta, sync=2.0, order="start")
+    assert max(run.staleness) <= eta and min(run.staleness) >= 0
+    assert run.throughput <= slots / (sum(lengths) / len(lengths)) * (1 + 1e-12)
+    assert run.throughput <= 16 / 22.0 * (1 + 1e-12)
+
+
+def test_completion_order_can_exceed_eta():
+    """The admission rule bounds how far generation runs ahead, not each sample's age: a long
+    response overtaken by short ones is trained on later than eta versions."""
+    lengths = [100.0] + [1.0] * 19
+    run = fully_async(lengths, batch=1, slots=2, train=1.0, eta=1)
+    assert max(run.staleness) > 1
+    assert max(fully_async(lengths, 1, 2, 1.0, 1, order="start").staleness) <= 1
+
+
+def test_one_step_off_policy():
+    lengths = [4.0, 1.0, 2.0, 2.0, 6.0, 1.0]
+    run = one_step_off(lengths, batch=2, train=3.0, sync=1.0)
+    assert run.staleness == [0, 0, 1, 1, 1, 1]
+    assert run.wall == 4 + (max(3, 2) + 1) + (max(3, 6) + 1) + (3 + 1)
+    gen_bound = sum(lengths) / (2 * (4 + 2 + 6))  # the generator still waits for each batch's max
+    assert run.utilization <= gen_bound
+
+
+def test_pipeline_bad_input():
+    with pytest.raises(ValueError, match="at least one batch"):
+        batches([1.0, 2.0], 3)
+    with pytest.raises(ValueError, match="order"):
+        fully_async([1.0] * 4, 2, 2, 1.0, 1, order="random")
+    with pytest.raises(ValueError, match="eta"):
+        fully_async([1.0] * 4, 2, 2, 1.0, -1)
+
+
+def test_random_configurations_respect_both_rate_bounds():
+    rng = random.Random(0)
+    for _ in range(10):
+        b, slots, eta = rng.choice([4, 8]), rng.choice([2, 8, 20]), rng.choice([0, 1, 3])
+        lengths = Lengths(30, rng.uniform(0.2, 1.5), 300).draw(b * 12, seed=rng.randrange(99))
+        train, sync = rng.uniform(1, 50), rng.choice([0.0, 3.0])
+        for order in ("completion", "start"):
+            run = fully_async(lengths, b, slots, train, eta, sync, order)
+            assert run.throughput <= slots / (sum(lengths) / len(lengths)) * (1 + 1e-12)
+            assert run.throughput <= b / (train + sync) * (1 + 1e-12)
+            assert len(run.staleness) == len(lengths)
+
+
+# ------------------------------------------------------------------ weight sync
+
+
+def test_weight_sync_reads_the_hardware_file():
+    assert {k: v for k, v in links.items() if k in load_host_links()} == {
+        k: v["total_gb_per_s"] / 2 for k, v in load_host_links().items()}  # fmt: skip
+    assert sync_seconds(1e9, 100) == 0.02  # 2 GB at 100 GB/s
+    with pytest.raises(ValueError, match="positive"):
+        sync_seconds(1e9, 0)
