@@ -53,7 +53,7 @@ def record_errors(root: Path, base: Path, slugs=None, *, fresh: bool = True,
         except res.ResultError as exc:
             errors.append(str(exc).replace(str(path), shown, 1))
             continue
-        if path.parent.name in pending:
+        if path.parent.name in pending and cl.record_due(path, root):
             continue
         commit = record["provenance"]["commit"]
         if res.commit_known(commit, root) is False:
@@ -90,7 +90,7 @@ def unread_errors(root: Path, base: Path, slugs=None, pending=frozenset()) -> li
             continue  # page_errors reports it
     errors = []
     for path in result_files(base, slugs):
-        if path.parent.name in pending:
+        if path.parent.name in pending and cl.record_due(path, root):
             continue
         key = (path.parent.name, path.stem)
         shown = _rel(path, root)

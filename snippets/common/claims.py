@@ -26,6 +26,7 @@ import yaml
 
 from snippets.common import markup
 from snippets.common.results import (
+    ROOT,
     ResultError,
     Stat,
     commit_known,
@@ -190,14 +191,15 @@ class Results:
 
     base: Path = field(default_factory=results_dir)
     loaded: dict = field(default_factory=dict)
-    pending: frozenset = frozenset()  # posts awaiting a GPU run: nothing of theirs is shown
+    pending: frozenset = frozenset()  # posts awaiting a GPU run: their due records are not shown
+    root: Path = ROOT  # the repository the records' sources and commits are checked against
 
     def record(self, slug: str, name: str) -> dict:
         if "/" in name:
             slug, name = name.split("/", 1)
         if name == DATA:
             return hardware_record()
-        if slug in self.pending:
+        if slug in self.pending and record_due(self.base / slug / f"{name}.json", self.root):
             raise Pending(f"results/{slug}/{name}.json awaits a GPU run (`nox -s gpu_docs -- "
                           f"{slug}`)")  # fmt: skip
         key = (slug, name)
@@ -691,7 +693,9 @@ def reads(page: Path) -> dict[tuple[str, str], set[str]]:
 
 
 def record_due(path: Path, root: Path) -> bool:
-    """A record that cannot be loaded, is from an unknown commit, or whose sources changed."""
+    """A record that is missing or cannot be loaded, is from an unknown commit, or whose
+    sources changed. (Of a post awaiting a GPU run, only these wait: a fresh record -- e.g.
+    one the CPU suite computed -- is shown and its claims are checked.)"""
     try:
         record = load_result(path)
     except ResultError:
