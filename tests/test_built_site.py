@@ -255,7 +255,9 @@ def test_the_plot_text_check_sees_planted_faults(site, tmp_path):
 
 # --------------------------------------------------------------------------- size budget
 # What a page makes a reader download of its own, besides the text: the site's own scripts
-# (docs/assets/*.js), inline <script>s, and the plot data (each data-spec JSON and its 数据表).
+# (docs/assets/*.js: those its <script> tags name, and calculator.js, which assets/loader.js adds
+# on a page with a calculator), inline <script>s, and the plot data (each data-spec JSON and its
+# 数据表).
 # The vendored libraries (assets/vendor/: mermaid, KaTeX, Vega; Material's assets/javascripts/)
 # are pinned by package-lock.json and the theme, cached across pages, and counted apart.
 # PAGE_BUDGET is twice the largest page when it was set (docs/contributing.md says why).
@@ -266,6 +268,7 @@ SCRIPT = re.compile(r"<script\b(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
 SRC = re.compile(r'\bsrc="(?P<src>[^"]+)"')
 SPEC = re.compile(r'\bdata-spec="(?P<json>[^"]*)"')
 VENDORED = ("assets/vendor/", "assets/javascripts/")
+ON_DEMAND = {' data-calculator="': "assets/calculator.js"}  # in the page: what loader.js adds
 
 
 def page_weight(site: Path, path: Path) -> dict[str, int]:
@@ -284,6 +287,9 @@ def page_weight(site: Path, path: Path) -> dict[str, int]:
         file = site / url[len(prefix) :] if url.startswith(prefix) else path.parent / url
         rel = file.resolve().relative_to(site.resolve()).as_posix()
         weight["vendored" if rel.startswith(VENDORED) else "scripts"] += file.stat().st_size
+    for needs, rel in ON_DEMAND.items():
+        if needs in text:
+            weight["scripts"] += (site / rel).stat().st_size
     weight["plot_data"] = sum(len(unescape(m["json"]).encode()) for m in SPEC.finditer(text))
     weight["plot_data"] += sum(len(m[0].encode()) for m in DETAILS.finditer(text))
     return weight
@@ -333,6 +339,12 @@ def test_the_size_budget_sees_a_planted_heavy_page(site, tmp_path):
         "data 28) is over the budget of 1227 bytes (vendored libraries, 5000 bytes, apart)"
     ]
     assert budget_errors(tmp_path, budget=1228) == []
+    (tmp_path / "assets" / "calculator.js").write_text("z" * 300, encoding="utf-8")
+    calc = tmp_path / "q" / "index.html"
+    calc.parent.mkdir()
+    calc.write_text('<form class="calc" data-calculator="mfu"></form>', encoding="utf-8")
+    assert page_weight(tmp_path, calc) == {
+        "scripts": 300, "inline": 0, "plot_data": 0, "vendored": 0}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- downloads, page head
