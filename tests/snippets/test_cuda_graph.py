@@ -1,13 +1,14 @@
 """cuda-graph, beyond what the page checks: a wrong position is caught, per-sequence
 positions, greedy generation, buckets, the compiled cache write, the reduce-overhead benchmark
 with a stand-in timer, the tolerance of the graphed training, the piecewise splitting on ragged
-batches and a planted wrong boundary (all on the CPU: on the GPU they would repeat what the CPU
-suite already covers); on the GPU, bitwise replay at equal shapes, the captured training step,
-layers that share one sample input in make_graphed_callables, and piecewise graphs over several
-layouts per bucket. The page checks the fp64 decode, the unpadded fp32 decode, every trap (its
-printed results), the graphed training against its eager twin and the piecewise graphs against
-the model, so they are not repeated here. The page's claims about its measurements are on the
-page, next to their sentences (checked against results/cuda-graph/ by the results gate)."""
+batches and a planted wrong boundary, the per-layer check seeing an uneven layer (all on the
+CPU: on the GPU they would repeat what the CPU suite already covers); on the GPU, bitwise replay
+at equal shapes, the captured training step, layers that share one sample input in
+make_graphed_callables, and piecewise graphs over several layouts per bucket. The page checks
+the fp64 decode, the unpadded fp32 decode, every trap (its printed results), the graphed
+training against its eager twin and the piecewise graphs against the model, so they are not
+repeated here. The page's claims about its measurements are on the page, next to their
+sentences (checked against results/cuda-graph/ by the results gate)."""
 
 from dataclasses import replace
 
@@ -19,7 +20,7 @@ from snippets.common.device import DEVICE, ON_GPU
 from snippets.common.models.fp64 import FP64
 from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM, rope_tables
 from snippets.common.results import Stat
-from snippets.cuda_graph import measure, partial
+from snippets.cuda_graph import measure, opcount, partial
 from snippets.cuda_graph.decode import StaticCache, decode_step, generate
 from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
 from snippets.cuda_graph.piecewise import Piecewise, packed, rel_to_reference
@@ -273,6 +274,18 @@ def test_piecewise_pieces_equal_the_model_on_ragged_batches():
     with torch.no_grad():
         want = torch.cat([model(seq[None])[0] for seq in seqs])
     assert rel(pieces(ids, [0, starts[-1]]), want) > 1e-3
+
+
+@cpu
+def test_the_layer_check_sees_a_layer_that_differs():
+    """Section 6.1's check: a step whose 4-layer variant dispatches one extra operation fails."""
+
+    def uneven(model, cache, tokens, pos):
+        out = decode_step(model, cache, tokens, pos)
+        return out + 0 if model.config.num_hidden_layers == 4 else out
+
+    assert opcount.same_ops_every_layer()
+    assert not opcount.same_ops_every_layer(step=uneven)
 
 
 @gpu
