@@ -5,7 +5,8 @@
 - the top of every post: its reading time, when and where its code was last verified (from its
   results' provenance), links to download its code (hooks/downloads.py), what the reader will be
   able to do (summary) and the posts it builds on;
-- `<!-- data: posts -->` on a page: the list of posts with their summaries (the home page).
+- `<!-- data: posts -->` on a page: the list of posts with their summaries and status (the home
+  page).
 A post without valid front matter fails the build with the page and line.
 """
 
@@ -62,10 +63,10 @@ def _link(slug: str, title: str, page) -> str:
 
 
 def post_list(metas: list[markup.PostMeta], page) -> str:
-    rows = ["| # | 文章 | 读完你能 |", "|---:|---|---|"]
+    rows = ["| # | 文章 | 读完你能 | 状态 |", "|---:|---|---|---|"]
     for i, p in enumerate(metas, 1):
         summary = p.summary.replace("|", "\\|")
-        rows.append(f"| {i} | {_link(p.slug, p.heading, page)} | {summary} |")
+        rows.append(f"| {i} | {_link(p.slug, p.heading, page)} | {summary} | {status(p)} |")
     return "\n".join(rows)
 
 
@@ -77,16 +78,30 @@ def reading(text: str) -> tuple[int, int, int]:
     return max(1, round(cjk / CJK_PER_MINUTE + words / WORDS_PER_MINUTE)), cjk, words
 
 
+def newest_measurement(meta: markup.PostMeta) -> dict | None:
+    """The provenance of the post's newest GPU measurement, or None."""
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((results_dir() / meta.slug).glob("*.json"))]  # fmt: skip
+    measured = [r["provenance"] for r in records if r.get("kind") == "measured"]
+    return max(measured, key=lambda p: p["date"]) if measured else None
+
+
+def status(meta: markup.PostMeta) -> str:
+    """The post's state in a few words, for the list of posts: awaiting a GPU run, the date of
+    its newest GPU measurement, or (no GPU measurement) its code verified on the CPU."""
+    if meta.awaiting_gpu:
+        return "待 GPU 测量"
+    p = newest_measurement(meta)
+    return f"GPU 实测 {p['date'][:10]}" if p else "CPU 上验证"
+
+
 def verified(meta: markup.PostMeta) -> str:
     """The "last verified" line, from the provenance of the post's newest GPU measurement."""
     if meta.awaiting_gpu:
         return "最近验证：待 GPU 运行——本页的代码改动之后还没有在 GPU 上重新测量（见下方提示）"
-    records = [json.loads(p.read_text(encoding="utf-8"))
-               for p in sorted((results_dir() / meta.slug).glob("*.json"))]  # fmt: skip
-    measured = [r["provenance"] for r in records if r.get("kind") == "measured"]
-    if not measured:
+    p = newest_measurement(meta)
+    if p is None:
         return "最近验证：在 CPU 上——本页没有 GPU 测量，它的代码块在每次 CI 中运行"
-    p = max(measured, key=lambda p: p["date"])
     dirty = "（工作区有未提交的改动）" if p["dirty"] else ""
     return (f"最近验证：{p['date'][:10]} · commit {p['commit'][:10]}{dirty} · {p['gpu']} · "
             f"torch {p['torch']} · triton {p['triton']}")  # fmt: skip

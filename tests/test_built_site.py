@@ -489,6 +489,89 @@ def test_every_post_head_says_reading_time_last_verified_and_downloads(site):
     assert not found, "\n".join(found)
 
 
+def newest_measurement(root: Path, slug: str) -> dict | None:
+    import json
+
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((root / "results" / slug).glob("*.json"))]  # fmt: skip
+    measured = [r["provenance"] for r in records if r["kind"] == "measured"]
+    return max(measured, key=lambda p: p["date"]) if measured else None
+
+
+def home_status_errors(site: Path, root: Path) -> list[str]:
+    """Each post's row on the home page ends with its status: awaiting a GPU run, the date of
+    its newest GPU measurement, or verified on the CPU (no GPU measurement)."""
+    from snippets.common import markup
+
+    rows = re.findall(r"<tr>(.*?)</tr>", (site / "index.html").read_text("utf-8"), re.S)
+    found = []
+    for meta in markup.series(root):
+        row = next((r for r in rows if f'href="posts/{meta.slug}/"' in r), None)
+        p = newest_measurement(root, meta.slug)
+        want = ("待 GPU 测量" if meta.awaiting_gpu else
+                f"GPU 实测 {p['date'][:10]}" if p else "CPU 上验证")  # fmt: skip
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row or "", re.S)
+        if not cells or cells[-1].strip() != want:
+            got = cells[-1].strip() if cells else None
+            found.append(f"index.html: posts/{meta.slug}/ has status {got!r}, want {want!r}")
+    return found
+
+
+def footer_errors(site: Path, root: Path) -> list[str]:
+    """The previous / next links at the foot of each post (Material's navigation.footer) lead
+    to its neighbours in series order."""
+    from snippets.common import markup
+
+    order = [m.slug for m in markup.series(root)]
+    found = []
+    for i, slug in enumerate(order):
+        text = (site / "posts" / slug / "index.html").read_text(encoding="utf-8")
+        for kind, j in (("prev", i - 1), ("next", i + 1)):
+            if not 0 <= j < len(order):
+                continue
+            m = re.search(rf'<a href="([^"]*)" class="md-footer__link md-footer__link--{kind}"',
+                          text)  # fmt: skip
+            want = f"../{order[j]}/"
+            if not m or m[1] != want:
+                found.append(f"posts/{slug}/: {kind} link {m[1] if m else None!r}, want {want!r}")
+    return found
+
+
+def test_the_home_page_gives_every_post_its_status(site):
+    found = home_status_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_every_post_links_its_series_neighbours(site):
+    found = footer_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_status_and_footer_checks_see_planted_faults(site, tmp_path):
+    import shutil
+
+    from snippets.common import markup
+
+    order = [m.slug for m in markup.series(ROOT)]
+    copy = tmp_path / "site"
+    shutil.copytree(site / "posts", copy / "posts")
+    home = (site / "index.html").read_text(encoding="utf-8")
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", home, re.S) if "CPU 上验证" in r)
+    (copy / "index.html").write_text(home.replace(row, row.replace("CPU 上验证", "待 GPU 测量")),
+                                     encoding="utf-8")  # fmt: skip
+    page = copy / "posts" / order[1] / "index.html"
+    text = page.read_text(encoding="utf-8")
+    link = '" class="md-footer__link md-footer__link--next"'
+    page.write_text(text.replace(f'href="../{order[2]}/{link}', f'href="../{order[3]}/{link}'),
+                    encoding="utf-8")  # fmt: skip
+    status = home_status_errors(copy, ROOT)
+    assert len(status) == 1, status
+    assert status[0].endswith("has status '待 GPU 测量', want 'CPU 上验证'"), status
+    assert footer_errors(copy, ROOT) == [
+        f"posts/{order[1]}/: next link '../{order[3]}/', want '../{order[2]}/'"
+    ]
+
+
 def test_the_download_and_head_checks_see_planted_faults(site, tmp_path):
     import shutil
 

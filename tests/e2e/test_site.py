@@ -205,6 +205,48 @@ def test_nav_reaches_every_post(visitor):
     assert posts(), "no docs/posts/*.md found"
 
 
+def test_footer_and_home_lead_through_the_series(visitor):
+    """A reader walks the series: the home page's list gives each post its status, and the
+    footer's next / previous links of a post lead to its neighbours in series order."""
+    from snippets.common import markup
+
+    order = [m.slug for m in markup.series(checks.ROOT)]
+    assert len(order) >= 3, order
+    problems = []
+    page, guard = visitor.open("")
+    try:
+        statuses = page.locator("article table tbody tr").evaluate_all(
+            "(rows) => rows.map((r) => r.lastElementChild.innerText.trim())"
+        )
+        status = re.compile(r"待 GPU 测量|GPU 实测 \d{4}-\d\d-\d\d|CPU 上验证")
+        if len(statuses) != len(order) or not all(status.fullmatch(s) for s in statuses):
+            problems.append(f"index: status cells {statuses} for {len(order)} posts")
+        problems += guard.network_problems() + guard.console_problems()
+    finally:
+        page.close()
+    page, guard = visitor.open(f"posts/{order[1]}/")
+    try:
+        for kind, slug in (("next", order[2]), ("prev", order[1])):
+            link = page.locator(f"a.md-footer__link--{kind}")
+            if not link.count():
+                problems.append(f"{page.url}: no {kind} link in the footer")
+                break
+            link.click()
+            try:
+                page.wait_for_url(visitor.url(f"posts/{slug}/"), timeout=checks.READY_TIMEOUT_MS)
+            except Exception:
+                problems.append(f"the footer's {kind} link led to {page.url}, not posts/{slug}/")
+                break
+            checks.wait_ready(page)
+        problems += guard.network_problems() + guard.console_problems()
+        if problems:
+            shot = visitor.screenshot(page, "footer.png", full_page=False)
+            problems.append(f"[screenshot: {shot}]")
+    finally:
+        page.close()
+    assert not problems, "\n".join(problems)
+
+
 def test_404_page(visitor, site_dir):
     assert (site_dir / "404.html").exists(), f"{site_dir}/404.html was not built"
     missing = visitor.url("no-such-page/")
