@@ -4,7 +4,8 @@
   order (Material's navigation.footer then gives each post its previous / next links);
 - the top of every post: its reading time, when and where its code was last verified (from its
   results' provenance), links to download its code (hooks/downloads.py), what the reader will be
-  able to do (summary) and the posts it builds on;
+  able to do (summary), the posts it builds on, and related posts: the other written posts that
+  data/taxonomy.yaml lists in a category with it;
 - `<!-- data: posts -->` on a page: the list of posts with their summaries and status (the home
   page).
 A post without valid front matter fails the build with the page and line.
@@ -12,6 +13,7 @@ A post without valid front matter fails the build with the page and line.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
@@ -25,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from snippets.common import markup  # noqa: E402
 from snippets.common.results import results_dir  # noqa: E402
+from snippets.common.taxonomy import DataError, load_taxonomy  # noqa: E402
 
 SECTION = "系列文章"
 MARKER = "<!-- data: posts -->"
@@ -107,6 +110,25 @@ def verified(meta: markup.PostMeta) -> str:
             f"torch {p['torch']} · triton {p['triton']}")  # fmt: skip
 
 
+@functools.cache
+def _categories() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    try:
+        return tuple((c.name, c.posts) for c in load_taxonomy().categories)
+    except DataError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def related(meta: markup.PostMeta, by_slug: dict) -> list[str]:
+    """Written posts that share a taxonomy category with this one (in the taxonomy's order),
+    leaving out the post itself and its prerequisites (listed already)."""
+    out: list[str] = []
+    for _, posts in _categories():
+        if meta.slug in posts:
+            out += [s for s in posts if s in by_slug and s != meta.slug
+                    and s not in meta.prerequisites and s not in out]  # fmt: skip
+    return out
+
+
 def header(meta: markup.PostMeta, by_slug: dict, page, text: str = "") -> str:
     """Under the title: reading time and the "last verified" line, the code's downloads, and an
     admonition with what the reader will be able to do and what it assumes."""
@@ -134,6 +156,9 @@ def header(meta: markup.PostMeta, by_slug: dict, page, text: str = "") -> str:
     if meta.prerequisites:
         links = "、".join(_link(s, by_slug[s].heading, page) for s in meta.prerequisites)
         lines += ["", f"    先读：{links}"]
+    if also := related(meta, by_slug):
+        links = "、".join(_link(s, by_slug[s].heading, page) for s in also)
+        lines += ["", f"    相关：{links}（在{_link('tech-map', '技术地图', page)}上同属一类）"]
     return "\n".join(lines)
 
 

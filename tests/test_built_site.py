@@ -537,6 +537,34 @@ def footer_errors(site: Path, root: Path) -> list[str]:
     return found
 
 
+def related_errors(site: Path, root: Path) -> list[str]:
+    """Each post's head links the other written posts that data/taxonomy.yaml lists in one of
+    its categories (its prerequisites, linked just above, left out), and no others."""
+    from snippets.common import markup
+    from snippets.common.taxonomy import load_taxonomy
+
+    metas = {m.slug: m for m in markup.series(root)}
+    categories = load_taxonomy(root / "data" / "taxonomy.yaml").categories
+    found = []
+    for slug, meta in metas.items():
+        want = []
+        for c in categories:
+            if slug in c.posts:
+                want += [s for s in c.posts if s in metas and s != slug
+                         and s not in meta.prerequisites and s not in want]  # fmt: skip
+        text = (site / "posts" / slug / "index.html").read_text(encoding="utf-8")
+        line = re.search(r"相关：(.*?)（在", text)
+        got = re.findall(r'href="\.\./([^/"]+)/"', line[1]) if line else []
+        if got != want:
+            found.append(f"posts/{slug}/: related posts {got}, want {want}")
+    return found
+
+
+def test_every_post_links_its_related_posts(site):
+    found = related_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
 def test_the_home_page_gives_every_post_its_status(site):
     found = home_status_errors(site, ROOT)
     assert not found, "\n".join(found)
@@ -547,7 +575,7 @@ def test_every_post_links_its_series_neighbours(site):
     assert not found, "\n".join(found)
 
 
-def test_the_status_and_footer_checks_see_planted_faults(site, tmp_path):
+def test_the_status_footer_and_related_checks_see_planted_faults(site, tmp_path):
     import shutil
 
     from snippets.common import markup
@@ -564,6 +592,14 @@ def test_the_status_and_footer_checks_see_planted_faults(site, tmp_path):
     link = '" class="md-footer__link md-footer__link--next"'
     page.write_text(text.replace(f'href="../{order[2]}/{link}', f'href="../{order[3]}/{link}'),
                     encoding="utf-8")  # fmt: skip
+    related = copy / "posts" / "gradient-accumulation" / "index.html"
+    text = related.read_text(encoding="utf-8")
+    related.write_text(text.replace('href="../gradient-checkpointing/">', 'href="#">', 1),
+                       encoding="utf-8")  # fmt: skip
+    assert related_errors(copy, ROOT) == [
+        "posts/gradient-accumulation/: related posts ['precision-alignment'], want "
+        "['precision-alignment', 'gradient-checkpointing']"
+    ]
     status = home_status_errors(copy, ROOT)
     assert len(status) == 1, status
     assert status[0].endswith("has status '待 GPU 测量', want 'CPU 上验证'"), status
