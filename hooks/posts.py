@@ -4,13 +4,16 @@
   order (Material's navigation.footer then gives each post its previous / next links);
 - the top of every post: its reading time, when and where its code was last verified (from its
   results' provenance), links to download its code (hooks/downloads.py), what the reader will be
-  able to do (summary) and the posts it builds on;
-- `<!-- data: posts -->` on a page: the list of posts with their summaries (the home page).
+  able to do (summary), the posts it builds on, and related posts: the other written posts that
+  data/taxonomy.yaml lists in a category with it;
+- `<!-- data: posts -->` on a page: the list of posts with their summaries and status (the home
+  page).
 A post without valid front matter fails the build with the page and line.
 """
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import re
@@ -24,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from snippets.common import markup  # noqa: E402
 from snippets.common.results import results_dir  # noqa: E402
+from snippets.common.taxonomy import DataError, load_taxonomy  # noqa: E402
 
 SECTION = "系列文章"
 MARKER = "<!-- data: posts -->"
@@ -62,10 +66,10 @@ def _link(slug: str, title: str, page) -> str:
 
 
 def post_list(metas: list[markup.PostMeta], page) -> str:
-    rows = ["| # | 文章 | 读完你能 |", "|---:|---|---|"]
+    rows = ["| # | 文章 | 读完你能 | 状态 |", "|---:|---|---|---|"]
     for i, p in enumerate(metas, 1):
         summary = p.summary.replace("|", "\\|")
-        rows.append(f"| {i} | {_link(p.slug, p.heading, page)} | {summary} |")
+        rows.append(f"| {i} | {_link(p.slug, p.heading, page)} | {summary} | {status(p)} |")
     return "\n".join(rows)
 
 
@@ -77,19 +81,52 @@ def reading(text: str) -> tuple[int, int, int]:
     return max(1, round(cjk / CJK_PER_MINUTE + words / WORDS_PER_MINUTE)), cjk, words
 
 
+def newest_measurement(meta: markup.PostMeta) -> dict | None:
+    """The provenance of the post's newest GPU measurement, or None."""
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((results_dir() / meta.slug).glob("*.json"))]  # fmt: skip
+    measured = [r["provenance"] for r in records if r.get("kind") == "measured"]
+    return max(measured, key=lambda p: p["date"]) if measured else None
+
+
+def status(meta: markup.PostMeta) -> str:
+    """The post's state in a few words, for the list of posts: awaiting a GPU run, the date of
+    its newest GPU measurement, or (no GPU measurement) its code verified on the CPU."""
+    if meta.awaiting_gpu:
+        return "待 GPU 测量"
+    p = newest_measurement(meta)
+    return f"GPU 实测 {p['date'][:10]}" if p else "CPU 上验证"
+
+
 def verified(meta: markup.PostMeta) -> str:
     """The "last verified" line, from the provenance of the post's newest GPU measurement."""
     if meta.awaiting_gpu:
         return "最近验证：待 GPU 运行——本页的代码改动之后还没有在 GPU 上重新测量（见下方提示）"
-    records = [json.loads(p.read_text(encoding="utf-8"))
-               for p in sorted((results_dir() / meta.slug).glob("*.json"))]  # fmt: skip
-    measured = [r["provenance"] for r in records if r.get("kind") == "measured"]
-    if not measured:
+    p = newest_measurement(meta)
+    if p is None:
         return "最近验证：在 CPU 上——本页没有 GPU 测量，它的代码块在每次 CI 中运行"
-    p = max(measured, key=lambda p: p["date"])
     dirty = "（工作区有未提交的改动）" if p["dirty"] else ""
     return (f"最近验证：{p['date'][:10]} · commit {p['commit'][:10]}{dirty} · {p['gpu']} · "
             f"torch {p['torch']} · triton {p['triton']}")  # fmt: skip
+
+
+@functools.cache
+def _categories() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    try:
+        return tuple((c.name, c.posts) for c in load_taxonomy().categories)
+    except DataError as exc:
+        raise PluginError(str(exc)) from None
+
+
+def related(meta: markup.PostMeta, by_slug: dict) -> list[str]:
+    """Written posts that share a taxonomy category with this one (in the taxonomy's order),
+    leaving out the post itself and its prerequisites (listed already)."""
+    out: list[str] = []
+    for _, posts in _categories():
+        if meta.slug in posts:
+            out += [s for s in posts if s in by_slug and s != meta.slug
+                    and s not in meta.prerequisites and s not in out]  # fmt: skip
+    return out
 
 
 def header(meta: markup.PostMeta, by_slug: dict, page, text: str = "") -> str:
@@ -119,6 +156,9 @@ def header(meta: markup.PostMeta, by_slug: dict, page, text: str = "") -> str:
     if meta.prerequisites:
         links = "、".join(_link(s, by_slug[s].heading, page) for s in meta.prerequisites)
         lines += ["", f"    先读：{links}"]
+    if also := related(meta, by_slug):
+        links = "、".join(_link(s, by_slug[s].heading, page) for s in also)
+        lines += ["", f"    相关：{links}（在{_link('tech-map', '技术地图', page)}上同属一类）"]
     return "\n".join(lines)
 
 

@@ -1,8 +1,8 @@
 """Serve pinned mermaid, KaTeX and Vega (vega, vega-lite, vega-embed) from the site itself (no CDN).
 
-The files come from node_modules/, installed by `npm ci` from package-lock.json. KaTeX is in
-mkdocs.yml's extra_javascript; mermaid and Vega are loaded by docs/assets/loader.js, by these
-paths, only on pages that use them.
+The files come from node_modules/, installed by `npm ci` from package-lock.json. The scripts are
+loaded by docs/assets/loader.js, by these paths, only on pages that use them; KaTeX's stylesheet
+is in mkdocs.yml's extra_css.
 """
 
 from __future__ import annotations

@@ -255,7 +255,9 @@ def test_the_plot_text_check_sees_planted_faults(site, tmp_path):
 
 # --------------------------------------------------------------------------- size budget
 # What a page makes a reader download of its own, besides the text: the site's own scripts
-# (docs/assets/*.js), inline <script>s, and the plot data (each data-spec JSON and its 数据表).
+# (docs/assets/*.js: those its <script> tags name, and calculator.js, which assets/loader.js adds
+# on a page with a calculator), inline <script>s, and the plot data (each data-spec JSON and its
+# 数据表).
 # The vendored libraries (assets/vendor/: mermaid, KaTeX, Vega; Material's assets/javascripts/)
 # are pinned by package-lock.json and the theme, cached across pages, and counted apart.
 # PAGE_BUDGET is twice the largest page when it was set (docs/contributing.md says why).
@@ -266,6 +268,7 @@ SCRIPT = re.compile(r"<script\b(?P<attrs>[^>]*)>(?P<body>.*?)</script>", re.S)
 SRC = re.compile(r'\bsrc="(?P<src>[^"]+)"')
 SPEC = re.compile(r'\bdata-spec="(?P<json>[^"]*)"')
 VENDORED = ("assets/vendor/", "assets/javascripts/")
+ON_DEMAND = {' data-calculator="': "assets/calculator.js"}  # in the page: what loader.js adds
 
 
 def page_weight(site: Path, path: Path) -> dict[str, int]:
@@ -284,6 +287,9 @@ def page_weight(site: Path, path: Path) -> dict[str, int]:
         file = site / url[len(prefix) :] if url.startswith(prefix) else path.parent / url
         rel = file.resolve().relative_to(site.resolve()).as_posix()
         weight["vendored" if rel.startswith(VENDORED) else "scripts"] += file.stat().st_size
+    for needs, rel in ON_DEMAND.items():
+        if needs in text:
+            weight["scripts"] += (site / rel).stat().st_size
     weight["plot_data"] = sum(len(unescape(m["json"]).encode()) for m in SPEC.finditer(text))
     weight["plot_data"] += sum(len(m[0].encode()) for m in DETAILS.finditer(text))
     return weight
@@ -333,6 +339,12 @@ def test_the_size_budget_sees_a_planted_heavy_page(site, tmp_path):
         "data 28) is over the budget of 1227 bytes (vendored libraries, 5000 bytes, apart)"
     ]
     assert budget_errors(tmp_path, budget=1228) == []
+    (tmp_path / "assets" / "calculator.js").write_text("z" * 300, encoding="utf-8")
+    calc = tmp_path / "q" / "index.html"
+    calc.parent.mkdir()
+    calc.write_text('<form class="calc" data-calculator="mfu"></form>', encoding="utf-8")
+    assert page_weight(tmp_path, calc) == {
+        "scripts": 300, "inline": 0, "plot_data": 0, "vendored": 0}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- downloads, page head
@@ -475,6 +487,125 @@ def head_errors(site: Path, root: Path) -> list[str]:
 def test_every_post_head_says_reading_time_last_verified_and_downloads(site):
     found = head_errors(site, ROOT)
     assert not found, "\n".join(found)
+
+
+def newest_measurement(root: Path, slug: str) -> dict | None:
+    import json
+
+    records = [json.loads(p.read_text(encoding="utf-8"))
+               for p in sorted((root / "results" / slug).glob("*.json"))]  # fmt: skip
+    measured = [r["provenance"] for r in records if r["kind"] == "measured"]
+    return max(measured, key=lambda p: p["date"]) if measured else None
+
+
+def home_status_errors(site: Path, root: Path) -> list[str]:
+    """Each post's row on the home page ends with its status: awaiting a GPU run, the date of
+    its newest GPU measurement, or verified on the CPU (no GPU measurement)."""
+    from snippets.common import markup
+
+    rows = re.findall(r"<tr>(.*?)</tr>", (site / "index.html").read_text("utf-8"), re.S)
+    found = []
+    for meta in markup.series(root):
+        row = next((r for r in rows if f'href="posts/{meta.slug}/"' in r), None)
+        p = newest_measurement(root, meta.slug)
+        want = ("待 GPU 测量" if meta.awaiting_gpu else
+                f"GPU 实测 {p['date'][:10]}" if p else "CPU 上验证")  # fmt: skip
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", row or "", re.S)
+        if not cells or cells[-1].strip() != want:
+            got = cells[-1].strip() if cells else None
+            found.append(f"index.html: posts/{meta.slug}/ has status {got!r}, want {want!r}")
+    return found
+
+
+def footer_errors(site: Path, root: Path) -> list[str]:
+    """The previous / next links at the foot of each post (Material's navigation.footer) lead
+    to its neighbours in series order."""
+    from snippets.common import markup
+
+    order = [m.slug for m in markup.series(root)]
+    found = []
+    for i, slug in enumerate(order):
+        text = (site / "posts" / slug / "index.html").read_text(encoding="utf-8")
+        for kind, j in (("prev", i - 1), ("next", i + 1)):
+            if not 0 <= j < len(order):
+                continue
+            m = re.search(rf'<a href="([^"]*)" class="md-footer__link md-footer__link--{kind}"',
+                          text)  # fmt: skip
+            want = f"../{order[j]}/"
+            if not m or m[1] != want:
+                found.append(f"posts/{slug}/: {kind} link {m[1] if m else None!r}, want {want!r}")
+    return found
+
+
+def related_errors(site: Path, root: Path) -> list[str]:
+    """Each post's head links the other written posts that data/taxonomy.yaml lists in one of
+    its categories (its prerequisites, linked just above, left out), and no others."""
+    from snippets.common import markup
+    from snippets.common.taxonomy import load_taxonomy
+
+    metas = {m.slug: m for m in markup.series(root)}
+    categories = load_taxonomy(root / "data" / "taxonomy.yaml").categories
+    found = []
+    for slug, meta in metas.items():
+        want = []
+        for c in categories:
+            if slug in c.posts:
+                want += [s for s in c.posts if s in metas and s != slug
+                         and s not in meta.prerequisites and s not in want]  # fmt: skip
+        text = (site / "posts" / slug / "index.html").read_text(encoding="utf-8")
+        line = re.search(r"相关：(.*?)（在", text)
+        got = re.findall(r'href="\.\./([^/"]+)/"', line[1]) if line else []
+        if got != want:
+            found.append(f"posts/{slug}/: related posts {got}, want {want}")
+    return found
+
+
+def test_every_post_links_its_related_posts(site):
+    found = related_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_home_page_gives_every_post_its_status(site):
+    found = home_status_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_every_post_links_its_series_neighbours(site):
+    found = footer_errors(site, ROOT)
+    assert not found, "\n".join(found)
+
+
+def test_the_status_footer_and_related_checks_see_planted_faults(site, tmp_path):
+    import shutil
+
+    from snippets.common import markup
+
+    order = [m.slug for m in markup.series(ROOT)]
+    copy = tmp_path / "site"
+    shutil.copytree(site / "posts", copy / "posts")
+    home = (site / "index.html").read_text(encoding="utf-8")
+    row = next(r for r in re.findall(r"<tr>.*?</tr>", home, re.S) if "CPU 上验证" in r)
+    (copy / "index.html").write_text(home.replace(row, row.replace("CPU 上验证", "待 GPU 测量")),
+                                     encoding="utf-8")  # fmt: skip
+    page = copy / "posts" / order[1] / "index.html"
+    text = page.read_text(encoding="utf-8")
+    link = '" class="md-footer__link md-footer__link--next"'
+    page.write_text(text.replace(f'href="../{order[2]}/{link}', f'href="../{order[3]}/{link}'),
+                    encoding="utf-8")  # fmt: skip
+    related = copy / "posts" / "gradient-accumulation" / "index.html"
+    text = related.read_text(encoding="utf-8")
+    related.write_text(text.replace('href="../gradient-checkpointing/">', 'href="#">', 1),
+                       encoding="utf-8")  # fmt: skip
+    assert related_errors(copy, ROOT) == [
+        "posts/gradient-accumulation/: related posts ['precision-alignment'], want "
+        "['precision-alignment', 'gradient-checkpointing']"
+    ]
+    status = home_status_errors(copy, ROOT)
+    assert len(status) == 1, status
+    assert status[0].endswith("has status '待 GPU 测量', want 'CPU 上验证'"), status
+    assert footer_errors(copy, ROOT) == [
+        f"posts/{order[1]}/: next link '../{order[3]}/', want '../{order[2]}/'"
+    ]
 
 
 def test_the_download_and_head_checks_see_planted_faults(site, tmp_path):

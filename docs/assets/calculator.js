@@ -3,7 +3,8 @@
 // Each formula repeats the Python function named above it term by term (same operations, same
 // order, IEEE doubles), and both are checked on tests/fixtures/calculators/NAME.json: in Node
 // (tests/test_calculators.py) and through the form on the built page (tests/e2e/test_calculators.py).
-// No third-party code. Re-initialised on every page load, including Material's instant navigation.
+// No third-party code. assets/loader.js loads this file only on a page with a form; it then
+// starts the forms of that page and of every later one, including Material's instant navigation.
 (() => {
   "use strict";
 

@@ -1,14 +1,15 @@
-// Load the vendored mermaid, Vega and KaTeX (assets/vendor/) only on pages that use them, and
-// draw the result plots and formulas. Works with instant navigation: this file runs once, document$ on each page.
+// Load the vendored mermaid, Vega and KaTeX (assets/vendor/) and the site's calculator.js only on
+// pages that use them, and draw the result plots and formulas. Works with instant navigation: this
+// file runs once, document$ on each page.
 (() => {
-  const vendor = new URL("vendor/", document.currentScript.src);
+  const assets = new URL("./", document.currentScript.src);
   const loading = {};
 
-  // Add scripts to the page once each; several run in the order given.
+  // Add scripts (paths under assets/) to the page once each; several run in the order given.
   function loadScripts(names) {
     return Promise.all(names.map((name) => (loading[name] ??= new Promise((resolve, reject) => {
       const script = document.createElement("script");
-      script.src = new URL(name, vendor).href;
+      script.src = new URL(name, assets).href;
       script.async = names.length === 1;
       script.onload = resolve;
       script.onerror = () => reject(new Error("could not load " + script.src));
@@ -25,7 +26,7 @@
   const mermaidStandIn = {
     initialize(config) { mermaidConfig = config; },
     async render(...args) {
-      mermaidReady ??= loadScripts(["mermaid/mermaid.min.js"]).then(() => {
+      mermaidReady ??= loadScripts(["vendor/mermaid/mermaid.min.js"]).then(() => {
         if (window.mermaid === mermaidStandIn) throw new Error("mermaid.min.js set no mermaid");
         window.mermaid.initialize(mermaidConfig);
         return window.mermaid;
@@ -37,7 +38,9 @@
 
   // Result plots: a Vega-Lite spec the build put in data-spec, drawn with vega-embed.
   // A failure is shown in place and kept in data-error, where the browser suite looks.
-  const VEGA = ["vega/vega.min.js", "vega/vega-lite.min.js", "vega/vega-embed.min.js"];
+  const VEGA = [
+    "vendor/vega/vega.min.js", "vendor/vega/vega-lite.min.js", "vendor/vega/vega-embed.min.js",
+  ];
 
   function drawPlots(root) {
     const boxes = root.querySelectorAll(".result-plot");
@@ -71,7 +74,7 @@
   // Formulas: pymdownx.arithmatex output, typeset by the vendored KaTeX once it is loaded.
   // Only .arithmatex elements are touched, so a "$" in prose stays text. When every formula
   // of the page is typeset, body[data-math] says so (the browser suite waits for it).
-  const KATEX = ["katex/katex.min.js", "katex/contrib/auto-render.min.js"];
+  const KATEX = ["vendor/katex/katex.min.js", "vendor/katex/contrib/auto-render.min.js"];
 
   function typeset(root) {
     const formulas = root.querySelectorAll(".arithmatex");
@@ -91,9 +94,23 @@
     }, (err) => console.error(err));
   }
 
+  // Calculators (hooks/calculators.py renders each ```calculator fence into a form): calculator.js
+  // starts them; once loaded it subscribes to document$, which replays the current page to it,
+  // and starts the forms of every later page itself. A failed load is kept in the forms'
+  // data-error, where the browser suite looks.
+  function startCalculators(root) {
+    const forms = root.querySelectorAll("form[data-calculator]");
+    if (forms.length === 0) return;
+    loadScripts(["calculator.js"]).catch((err) => {
+      for (const form of forms) form.dataset.error = String(err.message);
+      console.error(err);
+    });
+  }
+
   document$.subscribe(({ body }) => {
     typeset(body);
     drawPlots(body);
+    startCalculators(body);
   });
   new MutationObserver(() => drawPlots(document.body)).observe(document.body, {
     attributes: true,

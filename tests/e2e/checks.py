@@ -256,7 +256,8 @@ def page_source(page) -> dict:
 
 
 def wait_ready(page, timeout_ms: int = READY_TIMEOUT_MS) -> None:
-    """Wait until every diagram of the served HTML is rendered and every formula typeset.
+    """Wait until every diagram and plot of the served HTML is drawn, every formula typeset and
+    every calculator started.
 
     Gives up early when the page reports an error, and silently after the timeout: the checks
     then say what is missing.
@@ -267,6 +268,13 @@ def wait_ready(page, timeout_ms: int = READY_TIMEOUT_MS) -> None:
         page.wait_for_function(
             """() => [...document.querySelectorAll(".result-plot")]
                        .every((b) => b.dataset.rendered === "1" || b.dataset.error)""",
+            timeout=timeout_ms,
+        )
+    # calculator.js loads when the page has a form, and starts each one (or the form keeps why not)
+    with contextlib.suppress(Exception):
+        page.wait_for_function(
+            """() => [...document.querySelectorAll("form[data-calculator]")]
+                       .every((f) => f.dataset.ready || f.dataset.error)""",
             timeout=timeout_ms,
         )
     # KaTeX loads when the page has a formula and typesets them all at once, then sets
@@ -312,6 +320,16 @@ def check_plots(page) -> list[str]:
 
 
 _COPY_JS = _js("copy.js")
+
+
+def check_calculators(page) -> list[str]:
+    """Every calculator form of the page was started by calculator.js."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll("form[data-calculator]")]
+                   .filter((f) => !f.dataset.ready)
+                   .map((f) => `calculator ${f.dataset.calculator} not started` +
+                               (f.dataset.error ? `: ${f.dataset.error}` : ""))"""
+    )
 
 
 def check_copy_buttons(page) -> list[str]:

@@ -1,9 +1,13 @@
 """cuda-graph, beyond what the page checks: a wrong position is caught, per-sequence
 positions, greedy generation, buckets, the compiled cache write, the reduce-overhead benchmark
-with a stand-in timer (all on the CPU: on the GPU they would repeat what the CPU suite already
-covers); on the GPU, bitwise replay at equal shapes and the captured training step. The page
-checks the fp64 decode, the unpadded fp32 decode and every trap (its printed results), so they
-are not repeated here. The page's claims about its measurements are on the page, next to their
+with a stand-in timer, the tolerance of the graphed training, the piecewise splitting on ragged
+batches and a planted wrong boundary, the per-layer check seeing an uneven layer (all on the
+CPU: on the GPU they would repeat what the CPU suite already covers); on the GPU, bitwise replay
+at equal shapes, the captured training step, layers that share one sample input in
+make_graphed_callables, and piecewise graphs over several layouts per bucket. The page checks
+the fp64 decode, the unpadded fp32 decode, every trap (its printed results), the graphed
+training against its eager twin and the piecewise graphs against the model, so they are not
+repeated here. The page's claims about its measurements are on the page, next to their
 sentences (checked against results/cuda-graph/ by the results gate)."""
 
 from dataclasses import replace
@@ -14,11 +18,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from snippets.common.device import DEVICE, ON_GPU
 from snippets.common.models.fp64 import FP64
-from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
+from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM, rope_tables
 from snippets.common.results import Stat
-from snippets.cuda_graph import measure
+from snippets.cuda_graph import measure, opcount, partial
 from snippets.cuda_graph.decode import StaticCache, decode_step, generate
 from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
+from snippets.cuda_graph.piecewise import Piecewise, packed, rel_to_reference
 
 gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
@@ -238,3 +243,77 @@ def test_captured_training_step_follows_the_eager_trajectory():
             twin_losses.append(twin_loss.detach())
         assert torch.equal(torch.stack(graph_losses), torch.stack(twin_losses))
         assert graph_losses[-1] < graph_losses[0]  # it trains
+
+
+# Section 5: partial capture, piecewise graphs -----------------------------------------------
+
+
+@cpu
+def test_one_sgd_step_is_far_above_the_graphed_tolerance():
+    """partial.RTOL can see a missed or wrong step: one step moves the fp64 twins' parameters
+    by more than 1e7 * RTOL, and two eager twins on the same batch stay bitwise equal."""
+    eager, twin = partial.twins(device=DEVICE)
+    ids = torch.randint(0, TINY.vocab_size, (2, 16), device=DEVICE)
+    before = [p.detach().clone() for p in eager.parameters()]
+    losses = partial.train(eager, [ids])
+    moved = max(partial.rel(p, b) for p, b in zip(eager.parameters(), before, strict=True))
+    assert moved > 1e7 * partial.RTOL
+    assert torch.equal(partial.train(twin, [ids]), losses)
+
+
+@cpu
+def test_piecewise_pieces_equal_the_model_on_ragged_batches():
+    """The splitting of section 5.2 without graphs: packed ragged batches, one bucket reused by
+    several layouts (rows past n keep the previous call's values), equal to each sequence run
+    alone; the same batch with its boundaries lost (one long sequence) is far off."""
+    model = fp64_model()
+    pieces = Piecewise(model, (8, 16), max_len=16, graphs=False)
+    for seed, lengths in enumerate(([7, 9], [5, 4, 2], [1], [16], [3, 3, 2])):
+        assert rel_to_reference(model, pieces, lengths, seed) <= partial.RTOL, lengths
+    ids, starts, seqs = packed([5, 4, 2], TINY.vocab_size, DEVICE)
+    with torch.no_grad():
+        want = torch.cat([model(seq[None])[0] for seq in seqs])
+    assert rel(pieces(ids, [0, starts[-1]]), want) > 1e-3
+
+
+@cpu
+def test_the_layer_check_sees_a_layer_that_differs():
+    """Section 6.1's check: a step whose 4-layer variant dispatches one extra operation fails."""
+
+    def uneven(model, cache, tokens, pos):
+        out = decode_step(model, cache, tokens, pos)
+        return out + 0 if model.config.num_hidden_layers == 4 else out
+
+    assert opcount.same_ops_every_layer()
+    assert not opcount.same_ops_every_layer(step=uneven)
+
+
+@gpu
+def test_layers_sharing_one_sample_input_train_wrong():
+    """make_graphed_callables copies each layer's real input into its sample input: with one
+    sample tensor for both layers, layer 1's input overwrites what layer 0's backward graph
+    reads, and training leaves the eager twin far beyond the tolerance (partial.py gives each
+    layer its own sample)."""
+    eager, graphed = partial.twins()
+    cos, sin = rope_tables(TINY, 16, "cuda")
+    x = torch.randn(2, 16, TINY.hidden_size, dtype=torch.float64, device="cuda",
+                    requires_grad=True)  # fmt: skip
+    layers = tuple(graphed.model.layers)
+    torch.cuda.make_graphed_callables(layers, tuple((x, cos, sin) for _ in layers))
+    ids = torch.randint(0, TINY.vocab_size, (2, 16), device="cuda")
+    partial.train(eager, [ids] * 2)
+    partial.train(graphed, [ids] * 2)
+    pairs = zip(graphed.parameters(), eager.parameters(), strict=True)
+    worst = max(partial.rel(g, e) for g, e in pairs)
+    assert worst > 1e-6
+
+
+@gpu
+def test_piecewise_graphs_serve_any_layout_of_their_bucket():
+    """Two buckets of captured pieces; layouts of 9, 16, 8 and 11 tokens replay them, with the
+    previous call's values in the padding rows, and equal each sequence run alone."""
+    model = fp64_model()
+    graphs = Piecewise(model, (8, 16), max_len=16)
+    assert {t: len(s.pieces) for t, s in graphs.runs.items()} == {16: 3, 8: 3}
+    for seed, lengths in enumerate(([5, 3, 1], [16], [2, 6], [4, 4, 3])):
+        assert rel_to_reference(model, graphs, lengths, seed) <= partial.RTOL, lengths
