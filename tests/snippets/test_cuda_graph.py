@@ -25,7 +25,7 @@ from snippets.cuda_graph.decode import StaticCache, decode_step, generate
 from snippets.cuda_graph.graphs import GraphedDecoder, bucket_for, captured_train_step
 from snippets.cuda_graph.piecewise import Piecewise, packed, rel_to_reference
 
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+gpu = pytest.mark.gpu  # CUDA-only: run by gpu_docs, with the post or among "the rest"
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
 
 # Both paths compute the same function in fp64 and differ only in summation order (the decode
