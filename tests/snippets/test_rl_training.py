@@ -26,6 +26,7 @@ from snippets.rl_training.losses import (
 )
 from snippets.rl_training.offpolicy import exact_gradients, ppo_loss_tis, tis_weights
 from snippets.rl_training.pipeline import (
+    ORDERS,
     Lengths,
     batches,
     fully_async,
@@ -407,10 +408,11 @@ def test_synchronous_utilization_is_mean_over_max():
     assert synchronous([7.0] * 8, batch=4, train=0.0).utilization == 1.0  # no tail, no waiting
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_async_with_eta_zero_is_synchronous(seed):
+def test_async_with_eta_zero_is_synchronous(seed, order):
     lengths = Lengths(50, 1.0, 400).draw(16 * 20, seed=seed)
-    a = fully_async(lengths, 16, 16, train=30.0, eta=0, sync=4.0)
+    a = fully_async(lengths, 16, 16, train=30.0, eta=0, sync=4.0, order=order)
     s = synchronous(lengths, 16, train=30.0, sync=4.0)
     assert math.isclose(a.wall, s.wall, rel_tol=1e-12) and a.staleness == s.staleness
 
@@ -426,13 +428,29 @@ def test_staleness_bound_in_start_order(eta, slots):
     assert run.throughput <= 16 / 22.0 * (1 + 1e-12)
 
 
-def test_completion_order_can_exceed_eta():
-    """The admission rule bounds how far generation runs ahead, not each sample's age: a long
-    response overtaken by short ones is trained on later than eta versions."""
+def test_a_response_in_flight_can_exceed_eta():
+    """The admission rule bounds how far generation runs ahead, not each sample's age: unless the
+    trainer waits for it (start order), a long response overtaken by short ones is trained on
+    more than eta versions after its first token, even when the trainer takes the oldest
+    finished samples first (AReaL)."""
     lengths = [100.0] + [1.0] * 19
-    run = fully_async(lengths, batch=1, slots=2, train=1.0, eta=1)
-    assert max(run.staleness) > 1
+    for order in ("oldest", "completion"):
+        run = fully_async(lengths, batch=1, slots=2, train=1.0, eta=1, order=order)
+        assert max(run.staleness) > 1, order
+        assert run.staleness[run.trained.index(0)] == max(run.staleness)  # the long one
     assert max(fully_async(lengths, 1, 2, 1.0, 1, order="start").staleness) <= 1
+
+
+def test_the_trainer_picks_by_start_or_by_finish():
+    """Responses 0-5 start on 2 slots; response 0 finishes first and is trained alone; while it
+    trains, 2 (length 1) finishes before 1 (length 3). "oldest" (AReaL) takes 1 next, a FIFO
+    queue ("completion") takes 2."""
+    lengths = [1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    oldest = fully_async(lengths, batch=1, slots=2, train=10.0, eta=5, order="oldest")
+    fifo = fully_async(lengths, batch=1, slots=2, train=10.0, eta=5, order="completion")
+    assert oldest.trained[:3] == [0, 1, 2]
+    assert fifo.trained[:3] == [0, 2, 1]
+    assert sorted(oldest.trained) == sorted(fifo.trained) == list(range(8))
 
 
 def test_one_step_off_policy():
@@ -459,7 +477,7 @@ def test_random_configurations_respect_both_rate_bounds():
         b, slots, eta = rng.choice([4, 8]), rng.choice([2, 8, 20]), rng.choice([0, 1, 3])
         lengths = Lengths(30, rng.uniform(0.2, 1.5), 300).draw(b * 12, seed=rng.randrange(99))
         train, sync = rng.uniform(1, 50), rng.choice([0.0, 3.0])
-        for order in ("completion", "start"):
+        for order in ORDERS:
             run = fully_async(lengths, b, slots, train, eta, sync, order)
             assert run.throughput <= slots / (sum(lengths) / len(lengths)) * (1 + 1e-12)
             assert run.throughput <= b / (train + sync) * (1 + 1e-12)
