@@ -291,6 +291,25 @@ def test_k3_is_non_negative_and_unbiased():
     assert k3(torch.tensor(-2.0), torch.tensor(-2.0)).item() == 0
 
 
+def test_k3_as_a_loss_has_the_gradient_of_the_other_kl():
+    """Differentiating k3 on samples from pi (their weights held fixed) gives, in expectation,
+    pi - ref on the logits: the gradient of KL(ref || pi), not of KL(pi || ref) (Tang & Munos,
+    arXiv:2506.09477, on differentiating KL estimates)."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        logits = torch.randn(9, generator=gen, dtype=F64).requires_grad_(True)
+        ref = torch.softmax(torch.randn(9, generator=gen, dtype=F64), 0)
+        logp = torch.log_softmax(logits, 0)
+        pi = logp.exp().detach()
+        (g,) = torch.autograd.grad((pi * k3(logp, ref.log())).sum(), logits, retain_graph=True)
+        assert torch.allclose(g, pi - ref, rtol=1e-12, atol=1e-15)
+        forward = (ref * (ref.log() - logp)).sum()  # KL(ref || pi)
+        (g_forward,) = torch.autograd.grad(forward, logits, retain_graph=True)
+        assert torch.allclose(g, g_forward, rtol=1e-12, atol=1e-15)
+        (g_reverse,) = torch.autograd.grad((logp.exp() * (logp - ref.log())).sum(), logits)
+        assert not torch.allclose(g, g_reverse, rtol=1e-3)
+
+
 def test_overlong_penalty_follows_equation_13():
     assert overlong_penalty([1, 16384, 16385, 18432, 20480, 30000]).tolist() == [
         0.0, 0.0, -1 / 4096, -0.5, -1.0, -1.0]  # fmt: skip
@@ -302,6 +321,15 @@ def test_overlong_penalty_follows_equation_13():
 def test_dynamic_sampling_keeps_informative_groups_only():
     r = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [-1.0, 1.0, 1.0]])
     assert informative_groups(r).tolist() == [True, False, False, True]
+
+
+def test_dynamic_sampling_counts_correct_answers_not_shaped_rewards():
+    """DAPO Eq. (11) constrains the number of correct answers: an all-right (or all-wrong) group
+    is dropped even when the overlong penalty makes its rewards unequal."""
+    correct = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]], dtype=F64)
+    shaped = correct + overlong_penalty([[4000, 17408, 20480], [100, 19456, 9000], [1, 1, 1]])
+    assert informative_groups(shaped).tolist() == [True, True, True]  # rewards: all unequal
+    assert informative_groups(correct).tolist() == [False, False, True]
 
 
 def test_fp32_agrees_with_fp64():
@@ -322,6 +350,8 @@ def test_bad_batches_get_clear_errors():
         grpo_loss(logp, old, ref, empty, rewards)
     with pytest.raises(BatchError, match="old_logp has shape"):
         dapo_loss(logp, old[..., :-1], mask, rewards)
+    with pytest.raises(BatchError, match="ref_logp has shape"):
+        grpo_loss(logp, old, ref[:, :-1], mask, rewards)
     with pytest.raises(BatchError, match="rewards has shape"):
         gspo_loss(logp, old, mask, rewards[:, :-1])
     with pytest.raises(BatchError, match="at least 2 responses"):
