@@ -233,14 +233,17 @@ def test_dr_grpo_removes_the_length_bias():
 
 
 def test_dr_grpo_drops_the_std_difficulty_weight():
-    """Dr. GRPO §3.1: dividing by std(R) weighs an easy (3 of 4 right) question more than a
-    balanced one; r - mean does not."""
+    """Dr. GRPO §3.1: dividing by std(R) gives each question a weight 1 / std, larger for an
+    easy (3 of 4 right, std 1/2) question than for a balanced one (std sqrt(1/3)); r - mean
+    gives every question the weight 1."""
     r = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=F64)
-    wrong = [group_advantages(r)[1, 3].abs(), group_advantages(r)[0, 1].abs()]
-    assert wrong[0] > wrong[1]
     plain = group_advantages(r, scale=False)
-    assert plain[1, 3].abs() > plain[0, 1].abs()  # only the reward gap: 0.75 vs 0.5
-    assert torch.isclose(plain[1, 3].abs() / plain[0, 1].abs(), torch.tensor(1.5, dtype=F64))
+    weight = group_advantages(r) / plain  # per response: the question's weight
+    assert torch.allclose(weight, weight[:, :1].expand_as(weight), rtol=1e-12)  # one per question
+    want = [1 / (math.sqrt(1 / 3) + 1e-6), 1 / (0.5 + 1e-6)]
+    assert torch.allclose(weight[:, 0], torch.tensor(want, dtype=F64), rtol=1e-12)
+    assert weight[1, 0] > weight[0, 0]  # the easy question weighs more under GRPO
+    assert plain.tolist() == [[0.5, -0.5, 0.5, -0.5], [0.25, 0.25, 0.25, -0.75]]
 
 
 def test_gspo_ratio_is_the_length_normalised_sequence_likelihood_ratio():
@@ -399,18 +402,26 @@ def test_tis_reduces_to_ppo_when_rollout_equals_trainer():
 
 @pytest.mark.parametrize("scale", [0.2, 1.0, 3.0])
 def test_truncation_bias_is_bounded(scale):
-    """E_q[min(rho, C) f] - E_p[f] = -E_q[(rho - C)_+ f]: the bias is at most max|f| times the
-    truncated mass; plain importance sampling is exact."""
+    """E_q[min(rho, C) f] - E_p[f] = -E_q[(rho - C)_+ f] with f = A * grad log p: the truncated
+    gradient's bias is exactly that, so its norm is at most max|A| * max||grad log p|| (<= sqrt 2
+    for a softmax) times the truncated mass E_q[(rho - C)_+]; plain importance sampling is
+    exact."""
     gen = torch.Generator().manual_seed(int(scale * 10))
     logits = torch.randn(20, generator=gen, dtype=F64)
     rollout = logits + scale * torch.randn(20, generator=gen, dtype=F64)
     adv = torch.randn(20, generator=gen, dtype=F64)
     exact = exact_gradients(logits, rollout, adv)
     assert torch.allclose(exact["corrected"], exact["truth"], rtol=1e-10, atol=1e-14)
+    cap = 2.0
+    truncated = exact_gradients(logits, rollout, adv, cap)
     p, q = torch.softmax(logits, 0), torch.softmax(rollout, 0)
-    rho, cap = p / q, 2.0
-    bias = (q * rho.clamp(max=cap) * adv).sum() - (p * adv).sum()
-    assert bias.abs() <= adv.abs().max() * (q * (rho - cap).clamp(min=0)).sum() + 1e-15
+    excess = (p / q - cap).clamp(min=0)
+    score = torch.eye(20, dtype=F64) - p  # row x: d log p(x) / d logits
+    bias = truncated["corrected"] - truncated["truth"]
+    assert torch.allclose(bias, -((q * excess * adv)[:, None] * score).sum(0), atol=1e-14)
+    mass = (q * excess).sum()
+    assert bias.norm() <= adv.abs().max() * math.sqrt(2) * mass + 1e-15
+    assert (mass > 0) == (scale > 0.2)  # the two larger shifts do truncate
 
 
 # ------------------------------------------------------------------ pipeline simulation
