@@ -461,7 +461,8 @@ def test_async_with_eta_zero_is_synchronous(seed, order):
 @pytest.mark.parametrize("eta", [1, 2, 3])
 @pytest.mark.parametrize("slots", [8, 16, 40])
 def test_staleness_bound_in_start_order(eta, slots):
-    """Trained in start order, no sample is more than eta versions old (AReaL's bound)."""
+    """Trained in start order, no sample is more than eta versions old: the admission rule is a
+    staleness bound when the trainer waits for the oldest samples to finish."""
     lengths = Lengths(50, 1.2, 800).draw(16 * 25, seed=eta)
     run = fully_async(lengths, 16, slots, train=20.0, eta=eta, sync=2.0, order="start")
     assert max(run.staleness) <= eta and min(run.staleness) >= 0
