@@ -75,6 +75,12 @@ print(ceiling[0.2], ceiling[0.28])
 # --8<-- [start:overlong]
 print(overlong_penalty([16000, 16384, 18432, 20480]).tolist())  # DAPO defaults: 20480 - 4096
 #> [0.0, 0.0, -0.5, -1.0]
+# Eq. (11) counts correct answers, not rewards: all four right, one in the penalty zone, gives
+# unequal shaped rewards, and dynamic sampling still drops the group.
+correct = torch.tensor([[1.0, 1.0, 1.0, 1.0]], dtype=F64)
+shaped = correct + overlong_penalty([3000, 5000, 9000, 18432])
+print(shaped.tolist(), informative_groups(correct).tolist())
+#> [[1.0, 1.0, 1.0, 0.5]] [False]
 # --8<-- [end:overlong]
 
 # --8<-- [start:k3]
@@ -86,4 +92,13 @@ exact_kl = (pi * (pi / ref).log()).sum()
 mean_k3 = (pi * per_sample).sum().item()
 print(bool((per_sample >= 0).all()), round(mean_k3, 6), round(exact_kl.item(), 6))
 #> True 0.223805 0.223805
+# Its gradient is another matter. Used as a loss on tokens drawn from pi (their weights pi are
+# samples, not differentiated), k3's expected gradient on the logits is pi - ref: the gradient
+# of KL(ref || pi), the other direction, not of KL(pi || ref).
+logits = pi.log().requires_grad_(True)
+logp = torch.log_softmax(logits, 0)
+(g_k3,) = torch.autograd.grad((pi * k3(logp, ref.log())).sum(), logits, retain_graph=True)
+(g_kl,) = torch.autograd.grad((logp.exp() * (logp - ref.log())).sum(), logits)
+print(torch.allclose(g_k3, pi - ref), torch.allclose(g_k3, g_kl))
+#> True False
 # --8<-- [end:k3]

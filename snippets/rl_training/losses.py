@@ -18,12 +18,12 @@ class BatchError(ValueError):
     """A batch the losses cannot use; the message says which tensor and which response."""
 
 
-def check_batch(logp, old_logp, mask, rewards=None) -> None:
+def check_batch(logp, old_logp, mask, rewards=None, ref_logp=None) -> None:
     """Same (P, G, T) shapes, a 0/1 mask, at least one token per response, groups of >= 2."""
     if logp.dim() != 3:
         raise BatchError(f"logp must be (prompts, group, tokens), got shape {tuple(logp.shape)}")
-    for name, t in (("old_logp", old_logp), ("mask", mask)):
-        if t.shape != logp.shape:
+    for name, t in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
+        if t is not None and t.shape != logp.shape:
             raise BatchError(f"{name} has shape {tuple(t.shape)}, logp {tuple(logp.shape)}")
     if not ((mask == 0) | (mask == 1)).all():
         raise BatchError("mask must hold only 0 and 1")
@@ -62,7 +62,9 @@ def group_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-
 # --8<-- [start:kl]
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(pi_theta || pi_ref) per sampled token, DeepSeekMath
-    Eq. (4): r - log r - 1 with r = pi_ref / pi_theta. Never negative (log r <= r - 1)."""
+    Eq. (4): r - log r - 1 with r = pi_ref / pi_theta. Never negative (log r <= r - 1), and its
+    mean over tokens drawn from pi_theta is the KL. Its gradient is another matter: see the
+    k3 section of compare.py."""
     log_r = ref_logp - logp
     return torch.exp(log_r) - log_r - 1
 
@@ -96,8 +98,10 @@ def sequence_mean(x, mask):
 
 
 def token_mean(x, mask):
-    """DAPO Eq. (12): per prompt, the sum over all tokens of the group / sum_i |o_i|; then the
-    mean over prompts (every token of a group weighs the same)."""
+    """DAPO Eq. (12) as written: per prompt, the sum over all tokens of the group / sum_i |o_i|;
+    then the mean over prompts (every token of a group weighs the same). verl's "token-mean"
+    (the setting of its DAPO recipe, docs/algo/dapo.md) divides by the token count of the whole
+    mini-batch instead, so there every token of the batch weighs the same."""
     return ((x * mask).sum((1, 2)) / mask.sum((1, 2))).mean()
 
 
@@ -115,7 +119,7 @@ def grpo_loss(logp, old_logp, ref_logp, mask, rewards, eps: float = 0.2, beta: f
     """DeepSeekMath Eq. (3): std-normalised group advantage, clipped ratio per token, minus
     beta * k3 per token, averaged per response (1/|o_i|) and over the group (1/G).
     beta = 0.04 is DeepSeekMath §4.2's KL coefficient."""
-    check_batch(logp, old_logp, mask, rewards)
+    check_batch(logp, old_logp, mask, rewards, ref_logp)
     adv = group_advantages(rewards)[..., None]
     per_token = clipped_surrogate(torch.exp(logp - old_logp), adv, eps) - beta * k3(logp, ref_logp)
     return -sequence_mean(per_token, mask)
@@ -135,10 +139,13 @@ def dr_grpo_loss(logp, old_logp, mask, rewards, max_tokens: int, eps: float = 0.
 
 
 # --8<-- [start:dapo]
-def informative_groups(rewards: torch.Tensor) -> torch.Tensor:
-    """DAPO's dynamic sampling (Eq. (11)): keep a prompt only if its group's rewards are not all
-    equal (0 < #correct < G); an all-equal group has zero advantage and no gradient."""
-    return (rewards != rewards[:, :1]).any(dim=1)
+def informative_groups(correct: torch.Tensor) -> torch.Tensor:
+    """DAPO's dynamic sampling (Eq. (11)): keep a prompt only if 0 < #correct < G. Pass the
+    correctness of each response (is_equivalent, or verl's filter_groups metric "acc"), not the
+    shaped reward: with the overlong penalty added, an all-correct group can have unequal rewards
+    and is still dropped. With a pure correctness reward, a dropped group is exactly one whose
+    advantages are all zero."""
+    return (correct != correct[:, :1]).any(dim=1)
 
 
 def overlong_penalty(lengths, max_len: int = 20480, cache: int = 4096):

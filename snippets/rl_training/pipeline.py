@@ -67,6 +67,7 @@ class Run:
     wall: float = 0.0
     busy: float = 0.0  # generation time of the samples trained on
     staleness: list[int] = field(default_factory=list)  # one entry per trained sample
+    trained: list[int] = field(default_factory=list)  # fully_async: sample ids, as trained
 
     @property
     def utilization(self) -> float:
@@ -111,15 +112,21 @@ def one_step_off(lengths, batch: int, train: float, sync: float = 0.0) -> Run:
 
 
 # --8<-- [start:async]
+ORDERS = ("oldest", "completion", "start")  # how the trainer picks its batch, see below
+
+
 def fully_async(lengths, batch: int, slots: int, train: float, eta: int, sync: float = 0.0,
-                order: str = "completion") -> Run:  # fmt: skip
+                order: str = "oldest") -> Run:  # fmt: skip
     """AReaL-style: a slot starts a new response as soon as it is free, as long as the samples
     started so far stay within (version + eta + 1) x batch (AReaL's StalenessManager). The
-    trainer takes `batch` finished samples: the first to finish ("completion", AReaL's
-    prepare_batch) or the next `batch` in start order ("start"), trains, then syncs the new
-    weights; the sync pauses the responses in flight (interruptible rollout)."""
-    if eta < 0 or slots < 1 or order not in ("completion", "start"):
-        raise ValueError(f"need eta >= 0, slots >= 1 and order completion|start, got "
+    trainer waits until `batch` samples have finished and takes, among the finished ones:
+    "oldest", the `batch` that started first (AReaL's wait_results sorts the finished results
+    by creation time); "completion", the first `batch` to finish (a FIFO queue, as verl's
+    fully_async MessageQueue); or "start", exactly the next `batch` in start order, waiting for
+    all of them. It trains, then syncs the new weights; the sync pauses the responses in
+    flight (interruptible rollout)."""
+    if eta < 0 or slots < 1 or order not in ORDERS:
+        raise ValueError(f"need eta >= 0, slots >= 1 and order in {ORDERS}, got "
                          f"{eta}, {slots}, {order!r}")  # fmt: skip
     steps = len(batches(lengths, batch))
     run = Run(slots=slots)
@@ -138,8 +145,12 @@ def fully_async(lengths, batch: int, slots: int, train: float, eta: int, sync: f
             started += 1
 
     def take() -> list[int] | None:
+        if order != "start" and len(done) < batch:
+            return None
+        if order == "oldest":  # ids are handed out in start order
+            return sorted(done)[:batch]
         if order == "completion":
-            return done[:batch] if len(done) >= batch else None
+            return done[:batch]
         want = list(range(step * batch, (step + 1) * batch))
         return want if set(want) <= set(done) else None
 
@@ -150,6 +161,7 @@ def fully_async(lengths, batch: int, slots: int, train: float, eta: int, sync: f
             if taken is not None:
                 done = [i for i in done if i not in set(taken)]
                 run.staleness += [step - head[i] for i in taken]
+                run.trained += taken
                 run.busy += sum(lengths[i] for i in taken)
                 step, train_end = step + 1, t + train
                 continue

@@ -30,8 +30,8 @@ for r in rows:
 # --8<-- [end:model]
 
 # --8<-- [start:step]
-# verl's one-step-off recipe (docs/advance/one_step_off.md) measured a colocated DAPO step of
-# Qwen2.5-Math-7B on 16 H20 GPUs at 749 s; syncing 8B parameters over PCIe is a sliver of that.
+# verl's one-step-off recipe (docs/advance/one_step_off.md) lists a colocated DAPO step of
+# Qwen2.5-Math-7B on H20 GPUs (vLLM + FSDP2) at 749 s; 8B parameters over PCIe are a sliver.
 VERL_STEP_S = 749
 at = {(r["model"], r["link"]): r["seconds"] for r in rows}
 pcie_8b = at["qwen3-8b", "pcie-gen5-x16"]

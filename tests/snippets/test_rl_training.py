@@ -26,6 +26,7 @@ from snippets.rl_training.losses import (
 )
 from snippets.rl_training.offpolicy import exact_gradients, ppo_loss_tis, tis_weights
 from snippets.rl_training.pipeline import (
+    ORDERS,
     Lengths,
     batches,
     fully_async,
@@ -232,14 +233,17 @@ def test_dr_grpo_removes_the_length_bias():
 
 
 def test_dr_grpo_drops_the_std_difficulty_weight():
-    """Dr. GRPO §3.1: dividing by std(R) weighs an easy (3 of 4 right) question more than a
-    balanced one; r - mean does not."""
+    """Dr. GRPO §3.1: dividing by std(R) gives each question a weight 1 / std, larger for an
+    easy (3 of 4 right, std 1/2) question than for a balanced one (std sqrt(1/3)); r - mean
+    gives every question the weight 1."""
     r = torch.tensor([[1.0, 0.0, 1.0, 0.0], [1.0, 1.0, 1.0, 0.0]], dtype=F64)
-    wrong = [group_advantages(r)[1, 3].abs(), group_advantages(r)[0, 1].abs()]
-    assert wrong[0] > wrong[1]
     plain = group_advantages(r, scale=False)
-    assert plain[1, 3].abs() > plain[0, 1].abs()  # only the reward gap: 0.75 vs 0.5
-    assert torch.isclose(plain[1, 3].abs() / plain[0, 1].abs(), torch.tensor(1.5, dtype=F64))
+    weight = group_advantages(r) / plain  # per response: the question's weight
+    assert torch.allclose(weight, weight[:, :1].expand_as(weight), rtol=1e-12)  # one per question
+    want = [1 / (math.sqrt(1 / 3) + 1e-6), 1 / (0.5 + 1e-6)]
+    assert torch.allclose(weight[:, 0], torch.tensor(want, dtype=F64), rtol=1e-12)
+    assert weight[1, 0] > weight[0, 0]  # the easy question weighs more under GRPO
+    assert plain.tolist() == [[0.5, -0.5, 0.5, -0.5], [0.25, 0.25, 0.25, -0.75]]
 
 
 def test_gspo_ratio_is_the_length_normalised_sequence_likelihood_ratio():
@@ -290,6 +294,25 @@ def test_k3_is_non_negative_and_unbiased():
     assert k3(torch.tensor(-2.0), torch.tensor(-2.0)).item() == 0
 
 
+def test_k3_as_a_loss_has_the_gradient_of_the_other_kl():
+    """Differentiating k3 on samples from pi (their weights held fixed) gives, in expectation,
+    pi - ref on the logits: the gradient of KL(ref || pi), not of KL(pi || ref) (Tang & Munos,
+    arXiv:2506.09477, on differentiating KL estimates)."""
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        logits = torch.randn(9, generator=gen, dtype=F64).requires_grad_(True)
+        ref = torch.softmax(torch.randn(9, generator=gen, dtype=F64), 0)
+        logp = torch.log_softmax(logits, 0)
+        pi = logp.exp().detach()
+        (g,) = torch.autograd.grad((pi * k3(logp, ref.log())).sum(), logits, retain_graph=True)
+        assert torch.allclose(g, pi - ref, rtol=1e-12, atol=1e-15)
+        forward = (ref * (ref.log() - logp)).sum()  # KL(ref || pi)
+        (g_forward,) = torch.autograd.grad(forward, logits, retain_graph=True)
+        assert torch.allclose(g, g_forward, rtol=1e-12, atol=1e-15)
+        (g_reverse,) = torch.autograd.grad((logp.exp() * (logp - ref.log())).sum(), logits)
+        assert not torch.allclose(g, g_reverse, rtol=1e-3)
+
+
 def test_overlong_penalty_follows_equation_13():
     assert overlong_penalty([1, 16384, 16385, 18432, 20480, 30000]).tolist() == [
         0.0, 0.0, -1 / 4096, -0.5, -1.0, -1.0]  # fmt: skip
@@ -301,6 +324,15 @@ def test_overlong_penalty_follows_equation_13():
 def test_dynamic_sampling_keeps_informative_groups_only():
     r = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [-1.0, 1.0, 1.0]])
     assert informative_groups(r).tolist() == [True, False, False, True]
+
+
+def test_dynamic_sampling_counts_correct_answers_not_shaped_rewards():
+    """DAPO Eq. (11) constrains the number of correct answers: an all-right (or all-wrong) group
+    is dropped even when the overlong penalty makes its rewards unequal."""
+    correct = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [1.0, 0.0, 1.0]], dtype=F64)
+    shaped = correct + overlong_penalty([[4000, 17408, 20480], [100, 19456, 9000], [1, 1, 1]])
+    assert informative_groups(shaped).tolist() == [True, True, True]  # rewards: all unequal
+    assert informative_groups(correct).tolist() == [False, False, True]
 
 
 def test_fp32_agrees_with_fp64():
@@ -321,6 +353,8 @@ def test_bad_batches_get_clear_errors():
         grpo_loss(logp, old, ref, empty, rewards)
     with pytest.raises(BatchError, match="old_logp has shape"):
         dapo_loss(logp, old[..., :-1], mask, rewards)
+    with pytest.raises(BatchError, match="ref_logp has shape"):
+        grpo_loss(logp, old, ref[:, :-1], mask, rewards)
     with pytest.raises(BatchError, match="rewards has shape"):
         gspo_loss(logp, old, mask, rewards[:, :-1])
     with pytest.raises(BatchError, match="at least 2 responses"):
@@ -368,18 +402,26 @@ def test_tis_reduces_to_ppo_when_rollout_equals_trainer():
 
 @pytest.mark.parametrize("scale", [0.2, 1.0, 3.0])
 def test_truncation_bias_is_bounded(scale):
-    """E_q[min(rho, C) f] - E_p[f] = -E_q[(rho - C)_+ f]: the bias is at most max|f| times the
-    truncated mass; plain importance sampling is exact."""
+    """E_q[min(rho, C) f] - E_p[f] = -E_q[(rho - C)_+ f] with f = A * grad log p: the truncated
+    gradient's bias is exactly that, so its norm is at most max|A| * max||grad log p|| (<= sqrt 2
+    for a softmax) times the truncated mass E_q[(rho - C)_+]; plain importance sampling is
+    exact."""
     gen = torch.Generator().manual_seed(int(scale * 10))
     logits = torch.randn(20, generator=gen, dtype=F64)
     rollout = logits + scale * torch.randn(20, generator=gen, dtype=F64)
     adv = torch.randn(20, generator=gen, dtype=F64)
     exact = exact_gradients(logits, rollout, adv)
     assert torch.allclose(exact["corrected"], exact["truth"], rtol=1e-10, atol=1e-14)
+    cap = 2.0
+    truncated = exact_gradients(logits, rollout, adv, cap)
     p, q = torch.softmax(logits, 0), torch.softmax(rollout, 0)
-    rho, cap = p / q, 2.0
-    bias = (q * rho.clamp(max=cap) * adv).sum() - (p * adv).sum()
-    assert bias.abs() <= adv.abs().max() * (q * (rho - cap).clamp(min=0)).sum() + 1e-15
+    excess = (p / q - cap).clamp(min=0)
+    score = torch.eye(20, dtype=F64) - p  # row x: d log p(x) / d logits
+    bias = truncated["corrected"] - truncated["truth"]
+    assert torch.allclose(bias, -((q * excess * adv)[:, None] * score).sum(0), atol=1e-14)
+    mass = (q * excess).sum()
+    assert bias.norm() <= adv.abs().max() * math.sqrt(2) * mass + 1e-15
+    assert (mass > 0) == (scale > 0.2)  # the two larger shifts do truncate
 
 
 # ------------------------------------------------------------------ pipeline simulation
@@ -407,10 +449,11 @@ def test_synchronous_utilization_is_mean_over_max():
     assert synchronous([7.0] * 8, batch=4, train=0.0).utilization == 1.0  # no tail, no waiting
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("seed", [0, 1])
-def test_async_with_eta_zero_is_synchronous(seed):
+def test_async_with_eta_zero_is_synchronous(seed, order):
     lengths = Lengths(50, 1.0, 400).draw(16 * 20, seed=seed)
-    a = fully_async(lengths, 16, 16, train=30.0, eta=0, sync=4.0)
+    a = fully_async(lengths, 16, 16, train=30.0, eta=0, sync=4.0, order=order)
     s = synchronous(lengths, 16, train=30.0, sync=4.0)
     assert math.isclose(a.wall, s.wall, rel_tol=1e-12) and a.staleness == s.staleness
 
@@ -418,7 +461,8 @@ def test_async_with_eta_zero_is_synchronous(seed):
 @pytest.mark.parametrize("eta", [1, 2, 3])
 @pytest.mark.parametrize("slots", [8, 16, 40])
 def test_staleness_bound_in_start_order(eta, slots):
-    """Trained in start order, no sample is more than eta versions old (AReaL's bound)."""
+    """Trained in start order, no sample is more than eta versions old: the admission rule is a
+    staleness bound when the trainer waits for the oldest samples to finish."""
     lengths = Lengths(50, 1.2, 800).draw(16 * 25, seed=eta)
     run = fully_async(lengths, 16, slots, train=20.0, eta=eta, sync=2.0, order="start")
     assert max(run.staleness) <= eta and min(run.staleness) >= 0
@@ -426,13 +470,29 @@ def test_staleness_bound_in_start_order(eta, slots):
     assert run.throughput <= 16 / 22.0 * (1 + 1e-12)
 
 
-def test_completion_order_can_exceed_eta():
-    """The admission rule bounds how far generation runs ahead, not each sample's age: a long
-    response overtaken by short ones is trained on later than eta versions."""
+def test_a_response_in_flight_can_exceed_eta():
+    """The admission rule bounds how far generation runs ahead, not each sample's age: unless the
+    trainer waits for it (start order), a long response overtaken by short ones is trained on
+    more than eta versions after its first token, even when the trainer takes the oldest
+    finished samples first (AReaL)."""
     lengths = [100.0] + [1.0] * 19
-    run = fully_async(lengths, batch=1, slots=2, train=1.0, eta=1)
-    assert max(run.staleness) > 1
+    for order in ("oldest", "completion"):
+        run = fully_async(lengths, batch=1, slots=2, train=1.0, eta=1, order=order)
+        assert max(run.staleness) > 1, order
+        assert run.staleness[run.trained.index(0)] == max(run.staleness)  # the long one
     assert max(fully_async(lengths, 1, 2, 1.0, 1, order="start").staleness) <= 1
+
+
+def test_the_trainer_picks_by_start_or_by_finish():
+    """Responses 0-5 start on 2 slots; response 0 finishes first and is trained alone; while it
+    trains, 2 (length 1) finishes before 1 (length 3). "oldest" (AReaL) takes 1 next, a FIFO
+    queue ("completion") takes 2."""
+    lengths = [1.0, 3.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    oldest = fully_async(lengths, batch=1, slots=2, train=10.0, eta=5, order="oldest")
+    fifo = fully_async(lengths, batch=1, slots=2, train=10.0, eta=5, order="completion")
+    assert oldest.trained[:3] == [0, 1, 2]
+    assert fifo.trained[:3] == [0, 2, 1]
+    assert sorted(oldest.trained) == sorted(fifo.trained) == list(range(8))
 
 
 def test_one_step_off_policy():
@@ -459,7 +519,7 @@ def test_random_configurations_respect_both_rate_bounds():
         b, slots, eta = rng.choice([4, 8]), rng.choice([2, 8, 20]), rng.choice([0, 1, 3])
         lengths = Lengths(30, rng.uniform(0.2, 1.5), 300).draw(b * 12, seed=rng.randrange(99))
         train, sync = rng.uniform(1, 50), rng.choice([0.0, 3.0])
-        for order in ("completion", "start"):
+        for order in ORDERS:
             run = fully_async(lengths, b, slots, train, eta, sync, order)
             assert run.throughput <= slots / (sum(lengths) / len(lengths)) * (1 + 1e-12)
             assert run.throughput <= b / (train + sync) * (1 + 1e-12)
