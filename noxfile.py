@@ -356,9 +356,11 @@ def check(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none", default=False)
 def compare(session: nox.Session) -> None:
-    """How far two runs agree: `nox -s compare -- RUN_A [RUN_B]` (RUN_B defaults to results/)."""
-    if not 1 <= len(session.posargs) <= 2:
-        session.error("usage: nox -s compare -- RUN_A [RUN_B]")
+    """How far two runs agree: `nox -s compare -- [--with-rejected] RUN_A [RUN_B]` (RUN_B
+    defaults to results/)."""
+    runs = [a for a in session.posargs if a != "--with-rejected"]
+    if not 1 <= len(runs) <= 2:
+        session.error("usage: nox -s compare -- [--with-rejected] RUN_A [RUN_B]")
     session.run(sys.executable, "-m", "tests.compare", *session.posargs)
 
 

@@ -1,10 +1,17 @@
 """Compare two sets of results value by value: how far two GPU runs of one commit agree.
 
-    python -m tests.compare RUN_A [RUN_B]     (RUN_B defaults to results/)
+    python -m tests.compare [--with-rejected] RUN_A [RUN_B]     (RUN_B defaults to results/)
 
 A numeric value agrees when its two medians are within 5 % of each other; for timings the
 report also says whether the two ranges overlap. Strings and booleans must be equal. Prints
 one line per post and the values that disagree, worst first.
+
+Only measured records that both runs measured are compared: a record with the same provenance
+in both (neither run re-measured it) is listed and left out, and records measured on two
+different commits are flagged (the agreement the site asks for is of one commit).
+--with-rejected: a record whose timings failed the spread rule is not written, its values go
+to .rejected/<slug>/<name>.json beside the run's results/ folder; compare those values instead
+(they are that run's measurement), and say so.
 """
 
 from __future__ import annotations
@@ -52,8 +59,19 @@ def compare_values(a, b) -> tuple[bool, float | None, bool | None]:
     return diff <= TOLERANCE, diff, overlap
 
 
-def compare(run_a: Path, run_b: Path) -> tuple[list[str], int, int]:
-    lines, total, agreed, outliers = [], 0, 0, []
+def _values(record_file: Path, with_rejected: bool) -> tuple[dict, bool]:
+    """The record, and whether its values were replaced by the run's rejected ones (then its
+    provenance is the older record's: the rejected values carry none)."""
+    record = json.loads(record_file.read_text(encoding="utf-8"))
+    rejected = record_file.parent.parent.parent / ".rejected" / record_file.parent.name
+    rejected = rejected / record_file.name
+    if with_rejected and rejected.is_file():
+        return {**record, "values": json.loads(rejected.read_text(encoding="utf-8"))}, True
+    return record, False
+
+
+def compare(run_a: Path, run_b: Path, with_rejected: bool = False) -> tuple[list[str], int, int]:
+    lines, total, agreed, outliers, notes = [], 0, 0, [], []
     slugs = sorted({p.parent.name for p in run_a.glob("*/*.json")} |
                    {p.parent.name for p in run_b.glob("*/*.json")})  # fmt: skip
     for slug in slugs:
@@ -63,9 +81,23 @@ def compare(run_a: Path, run_b: Path) -> tuple[list[str], int, int]:
             if not fb.is_file():
                 outliers.append((1.0, f"{slug}/{fa.stem}: only in {run_a}"))
                 continue
-            ra, rb = (json.loads(f.read_text(encoding="utf-8")) for f in (fa, fb))
+            (ra, rej_a), (rb, rej_b) = (_values(f, with_rejected) for f in (fa, fb))
             if ra.get("kind") == "computed":
                 continue
+            pa, pb = ra.get("provenance", {}), rb.get("provenance", {})
+            if pa == pb and not (rej_a or rej_b):
+                notes.append(f"{slug}/{fa.stem}: the same record in both runs (measured "
+                             f"{pa.get('date', '?')[:10]}): not compared")  # fmt: skip
+                continue
+            if pa.get("commit") != pb.get("commit") and not (rej_a or rej_b):
+                notes.append(
+                    f"{slug}/{fa.stem}: measured on two commits, "
+                    f"{str(pa.get('commit'))[:12]} and {str(pb.get('commit'))[:12]}"
+                )
+            for tag, rej in (("A", rej_a), ("B", rej_b)):
+                if rej:
+                    notes.append(f"{slug}/{fa.stem}: run {tag}'s values from .rejected/ "
+                                 "(they failed the spread rule there)")  # fmt: skip
             vb = dict(leaves(rb["values"]))
             for path, va in leaves(ra["values"]):
                 n += 1
@@ -89,6 +121,9 @@ def compare(run_a: Path, run_b: Path) -> tuple[list[str], int, int]:
         agreed += ok
     outliers.sort(reverse=True)
     lines.append(f"{'all':<26} {agreed:>4}/{total:<4} agree ({agreed / max(total, 1):6.1%})")
+    if notes:
+        lines.append("notes:")
+        lines += [f"  {text}" for text in notes]
     if outliers:
         lines.append("disagreeing values, worst first:")
         lines += [f"  {text}" for _, text in outliers]
@@ -97,13 +132,18 @@ def compare(run_a: Path, run_b: Path) -> tuple[list[str], int, int]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--with-rejected",
+        action="store_true",
+        help="compare a run's rejected values (.rejected/ beside results/) too",
+    )
     ap.add_argument("run_a", type=Path)
     ap.add_argument("run_b", type=Path, nargs="?", default=ROOT / "results")
     args = ap.parse_args(argv)
     for run in (args.run_a, args.run_b):
         if not run.is_dir():
             ap.error(f"{run}: not a folder of results")
-    lines, agreed, total = compare(args.run_a, args.run_b)
+    lines, agreed, total = compare(args.run_a, args.run_b, args.with_rejected)
     print("\n".join(lines))
     return 0 if total and agreed / total >= 0.95 else 1
 
