@@ -137,7 +137,8 @@
 
   // ---- the forms ----
 
-  const fields = (form) => form.querySelectorAll("input[name], select[name]:not([data-preset])");
+  const fields = (form) =>
+    form.querySelectorAll("input[name], textarea[name], select[name]:not([data-preset])");
 
   function read(form) {
     const x = {};
@@ -148,6 +149,7 @@
   }
 
   function shown(value, fmt) {
+    if (fmt.text !== undefined) return typeof value === "string" ? value : "—";
     if (typeof value !== "number" || !Number.isFinite(value)) return "—";
     if (fmt.percent !== undefined) return `${(100 * value).toFixed(Number(fmt.digits ?? 1))} %`;
     const scaled = value * Number(fmt.scale ?? 1);
