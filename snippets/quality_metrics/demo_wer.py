@@ -15,15 +15,14 @@ from snippets.quality_metrics.wer import (
 refs = ["short one here", "quite a bit of longer sentence"]
 hyps = ["shoe order one", "quite bit of an even longest sentence here"]
 pair = [align(words(r), words(h)) for r, h in zip(refs, hyps, strict=True)]
-print("\n".join(render(a) for a in pair))
-"""
-REF: **** short one here
-HYP: shoe order one ****
-        I     S        D
-REF: quite a bit of ** ****  longer sentence ****
-HYP: quite * bit of an even longest sentence here
-           D         I    I       S             I
-"""
+for line in "\n".join(render(a) for a in pair).splitlines():
+    print(line)
+    #> REF: **** short one here
+    #> HYP: shoe order one ****
+    #>         I     S        D
+    #> REF: quite a bit of ** ****  longer sentence ****
+    #> HYP: quite * bit of an even longest sentence here
+    #>            D         I    I       S             I
 both = Alignment(pair[0].ops + pair[1].ops)  # the counts of both sentences together
 print(both.substitutions, both.deletions, both.insertions, both.hits)
 #> 2 2 4 5
@@ -41,12 +40,11 @@ print(f"{corpus_rate(each):.4f}", f"{sum(a.rate() for a in each) / len(each):.4f
 
 # CER: characters, spaces included (jiwer's default); a Chinese pair
 cer = align(chars("今天天气真好"), chars("今天天汽很好啊"))
-print(render(cer, sep=""))
-"""
-REF: 今天天气真好**
-HYP: 今天天汽很好啊
-            S S   I
-"""
+for line in render(cer, sep="").splitlines():
+    print(line)
+    #> REF: 今天天气真好**
+    #> HYP: 今天天汽很好啊
+    #>             S S   I
 print(f"{cer.rate():.2%}")
 #> 50.00%
 # --8<-- [end:corpus]
