@@ -134,6 +134,20 @@ def test_a_table_names_its_outputs_row_column():
     }
 
 
+def test_text_inputs_and_outputs_render_as_textarea_and_preformatted_output():
+    """A text input is a <textarea> holding its initial value, newlines as character
+    references (a blank line would end Markdown's HTML block); a text output is marked so that
+    calculator.js shows the string as it is."""
+    body = ("title: T\ninputs:\n  ref: {label: 参考, text: true}\n"
+            "outputs:\n  drawing: {label: 对齐, text: true}\n")  # fmt: skip
+    stored = {"presets": {}, "defaults": {"ref": "a <b>\n\nc"},
+              "vectors": [{"input": {"ref": "x"}, "output": {"drawing": "REF: x"}}]}  # fmt: skip
+    html = calc.render(calc.parse(fence_of(body)), stored)
+    assert '<textarea name="ref" rows="3">a &lt;b&gt;&#10;&#10;c</textarea>' in html
+    assert '<output name="drawing" data-text="1">' in html
+    assert "\n\n" not in html
+
+
 BAD_SPECS = {  # spec, stored changes, the error after "docs/posts/demo.md:3: "
     "no-title": (GOOD.replace("title: Demo\n", ""), {}, "a calculator spec has a title"),
     "unknown-key": (GOOD + "colour: red\n", {}, "a calculator spec has a title"),

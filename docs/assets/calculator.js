@@ -132,12 +132,102 @@
     };
   }
 
-  const formulas = { mfu, zero, busbw, "kv-cache": kvCache };
+  // ---- posts/quality-metrics: snippets/quality_metrics/calculators.py, with wer.py ----
+
+  // words, chars
+  const WHITESPACE = " \t\n\r\f\v";
+  const words = (text) => text.split(/[ \t\n\r\f\v]+/).filter((w) => w !== "");
+  function chars(text) {
+    let a = 0;
+    let b = text.length;
+    while (a < b && WHITESPACE.includes(text[a])) a++;
+    while (b > a && WHITESPACE.includes(text[b - 1])) b--;
+    return [...text.slice(a, b)]; // code points, as Python's list(str)
+  }
+
+  // align (the dynamic program and its tie-breaking), Alignment.rate
+  function align(ref, hyp) {
+    const n = ref.length;
+    const m = hyp.length;
+    const d = [];
+    for (let i = 0; i <= n; i++) {
+      d.push([]);
+      for (let j = 0; j <= m; j++) d[i].push(i === 0 || j === 0 ? i + j : 0);
+    }
+    for (let i = 1; i <= n; i++) {
+      for (let j = 1; j <= m; j++) {
+        const diag = d[i - 1][j - 1] + (ref[i - 1] === hyp[j - 1] ? 0 : 1);
+        d[i][j] = Math.min(diag, d[i - 1][j] + 1, d[i][j - 1] + 1);
+      }
+    }
+    const ops = [];
+    let i = n;
+    let j = m;
+    while (i > 0 || j > 0) {
+      if (i > 0 && d[i][j] === d[i - 1][j] + 1) {
+        ops.push(["D", ref[i - 1], null]);
+        i -= 1;
+      } else if (i > 0 && j > 0 && d[i][j] === d[i - 1][j - 1] + (ref[i - 1] !== hyp[j - 1] ? 1 : 0)) {
+        ops.push([ref[i - 1] === hyp[j - 1] ? "=" : "S", ref[i - 1], hyp[j - 1]]);
+        i -= 1;
+        j -= 1;
+      } else {
+        ops.push(["I", null, hyp[j - 1]]);
+        j -= 1;
+      }
+    }
+    return ops.reverse();
+  }
+
+  const count = (ops, kind) => ops.filter((op) => op[0] === kind).length;
+
+  // WIDE, display_width, render
+  const WIDE = [[0x1100, 0x115f], [0x2e80, 0x303e], [0x3041, 0x3247], [0x3250, 0x33ff],
+    [0x3400, 0x4dbf], [0x4e00, 0x9fff], [0xa000, 0xa4cf], [0xac00, 0xd7a3], [0xf900, 0xfaff],
+    [0xfe30, 0xfe4f], [0xff00, 0xff60], [0xffe0, 0xffe6], [0x20000, 0x2fffd], [0x30000, 0x3fffd]];
+  function displayWidth(token) {
+    let width = 0;
+    for (const c of token) {
+      const code = c.codePointAt(0);
+      width += WIDE.some(([a, b]) => a <= code && code <= b) ? 2 : 1;
+    }
+    return width;
+  }
+
+  function render(ops, sep) {
+    const rows = [["REF:"], ["HYP:"], ["    "]];
+    for (const [kind, r0, h0] of ops) {
+      const width = Math.max(displayWidth(r0 ?? ""), displayWidth(h0 ?? ""));
+      const cells = [r0 ?? "*".repeat(width), h0 ?? "*".repeat(width), kind === "=" ? "" : kind];
+      cells.forEach((cell, k) => rows[k].push(" ".repeat(width - displayWidth(cell)) + cell));
+    }
+    return rows.map((row) => `${row[0]} ${row.slice(1).join(sep)}`.replace(/ +$/, "")).join("\n");
+  }
+
+  // wer_calculator
+  function werCalculator(x) {
+    const out = {};
+    for (const [unit, split, sep] of [["word", words, " "], ["char", chars, ""]]) {
+      const ops = align(split(x.reference), split(x.hypothesis));
+      const [hits, subs, dels, ins] = ["=", "S", "D", "I"].map((kind) => count(ops, kind));
+      if (hits + subs + dels === 0) throw new RangeError("the reference is empty");
+      out[`${unit}_rate`] = (subs + dels + ins) / (hits + subs + dels);
+      out[`${unit}_substitutions`] = subs;
+      out[`${unit}_deletions`] = dels;
+      out[`${unit}_insertions`] = ins;
+      out[`${unit}_hits`] = hits;
+      out[`${unit}_alignment`] = render(ops, sep);
+    }
+    return out;
+  }
+
+  const formulas = { mfu, zero, busbw, "kv-cache": kvCache, wer: werCalculator };
   window.handbookCalculator = Object.freeze({ formulas: Object.freeze(formulas) });
 
   // ---- the forms ----
 
-  const fields = (form) => form.querySelectorAll("input[name], select[name]:not([data-preset])");
+  const fields = (form) =>
+    form.querySelectorAll("input[name], textarea[name], select[name]:not([data-preset])");
 
   function read(form) {
     const x = {};
@@ -148,6 +238,7 @@
   }
 
   function shown(value, fmt) {
+    if (fmt.text !== undefined) return typeof value === "string" ? value : "—";
     if (typeof value !== "number" || !Number.isFinite(value)) return "—";
     if (fmt.percent !== undefined) return `${(100 * value).toFixed(Number(fmt.digits ?? 1))} %`;
     const scaled = value * Number(fmt.scale ?? 1);

@@ -9,8 +9,10 @@ A page declares a calculator with a fence (hooks/calculators.py renders it into 
       data_parallel: {label: 数据并行度, value: 8, step: 1, min: 1}
       k: {label: 优化器状态 K}                      # its value: the Python side's `defaults`
       op: {label: 操作, options: {all_reduce: all-reduce}}    # fixed choices, value: label
+      ref: {label: 参考文本, text: true}             # a <textarea>: the formula gets a string
     outputs:                                       # shown as lines: label, number, unit
       total: {label: 合计, scale: 1.0e-9, digits: 1, unit: GB}    # or percent: true
+      alignment: {label: 对齐, text: true}           # a string, shown as it is (preformatted)
     table:                                         # optional: outputs <row>_<column> as a grid
       rows: {stage0: 不切分}
       columns: {total: 合计}
@@ -46,8 +48,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "calculators"
 LANG = "calculator"
 UPDATE = "pytest --update-examples tests/test_calculators.py"
 SPEC_KEYS = {"title", "inputs", "outputs", "table"}
-INPUT_KEYS = {"label", "preset", "default", "options", "value", "step", "min"}
-FORMAT_KEYS = ("scale", "digits", "unit", "percent")  # in this order on <output>
+INPUT_KEYS = {"label", "preset", "default", "options", "value", "step", "min", "text"}
+FORMAT_KEYS = ("scale", "digits", "unit", "percent", "text")  # in this order on <output>
 
 
 class CalculatorError(ValueError):
@@ -239,6 +241,11 @@ def render(spec: Spec, stored: dict) -> str:
                 for v, text in inp["options"].items()
             )
             parts.append(f"<label>{label} <select{_attrs(name=key)}>{options}</select></label>")
+        elif inp.get("text"):  # newlines as references: no blank line ends the HTML block
+            text = html.escape(str(values.get(key, "")), quote=False)
+            text = text.replace("\r", "&#13;").replace("\n", "&#10;")
+            parts.append(f"<label>{label} <textarea{_attrs(name=key, rows=3)}>{text}</textarea>"
+                         "</label>")  # fmt: skip
         else:
             attrs = _attrs(name=key, type="number", step=inp.get("step", "any"),
                            min=inp.get("min"), value=values.get(key))  # fmt: skip

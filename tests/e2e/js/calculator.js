@@ -1,5 +1,6 @@
 // check a calculator's form: type each test vector's inputs into it (as a reader would, then
-// one input event) and compare every shown output with the Python one, exactly; then choose
+// one input event) and compare every shown output with the Python one, exactly (numbers as IEEE
+// doubles, text outputs character for character); then choose
 // every preset and check that it fills the form with its values. One entry per problem.
 ({ name, stored }) => {
   const form = document.querySelector(`form[data-calculator="${name}"]`);
@@ -18,7 +19,7 @@
     for (const [key, want] of Object.entries(vector.output)) {
       const out = form.querySelector(`output[name="${key}"]`);
       if (!out) { problems.push(`vector ${i}: the form shows no output ${key}`); continue; }
-      const got = Number(out.dataset.value);
+      const got = typeof want === "string" ? out.dataset.value : Number(out.dataset.value);
       if (got !== want || out.value === "—") {
         problems.push(`vector ${i}: ${key} shows ${out.value} (${out.dataset.value}), ` +
                       `Python ${want}; inputs ${JSON.stringify(vector.input)}`);
@@ -39,7 +40,7 @@
       if (blank.length) problems.push(`preset ${choice.id}: ${blank.length} outputs show —`);
     }
   }
-  const first = form.querySelector("input[type=number]");
+  const first = form.querySelector("input[type=number], textarea");
   first.value = "";
   fire(first, "input");
   if ([...form.querySelectorAll("output")].some((o) => o.value !== "—")) {

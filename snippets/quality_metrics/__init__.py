@@ -1,0 +1,1 @@
+"""效果指标：CE、PPL、KL、WER / CER (quality-metrics) snippets."""
