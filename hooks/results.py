@@ -444,8 +444,10 @@ def _pending_box(body: str) -> str:
 
 def pending_banner(slug: str, reason: str) -> str:
     text = (
-        f"本页的实测数据尚未由当前代码在 GPU 上生成：{reason}。表、图和文中的实测数字暂缺，"
-        f"上标“待”的论断尚未对照当前代码的测量核实（运行 <code>nox -s gpu_docs -- {slug}</code>）。"
+        f"本页的 GPU 实测数据尚未由当前代码生成：{reason}。"
+        "依赖这些测量的表、图和数字暂缺（标“待测”），"
+        f"上标“待”的论断尚未对照当前代码的测量核实（运行 <code>nox -s gpu_docs -- {slug}</code>）；"
+        "CPU 上算出的记录照常显示、照常核对。"
     )
     return _pending_box(text)
 

@@ -176,7 +176,8 @@ def test_a_post_awaiting_a_gpu_run_shows_placeholders_and_a_banner(hook, tmp_pat
     monkeypatch.setattr(hook, "ROOT", tmp_path)
     monkeypatch.setattr(hook, "PENDING", frozenset({"demo"}))
     html = hook.on_page_markdown(body, fake_page("posts/demo.md"), None, None)
-    assert "本页的实测数据尚未由当前代码在 GPU 上生成：计时方法改了。" in html
+    assert "本页的 GPU 实测数据尚未由当前代码生成：计时方法改了。" in html
+    assert "CPU 上算出的记录照常显示" in html
     assert "表：两种实现。数据 <code>results/demo/r.json</code> 尚未由当前代码生成" in html
     assert 'N 是 <span class="pending"' in html and "（待测）" in html
     assert 'class="claim pending"' in html and "✓" not in html
