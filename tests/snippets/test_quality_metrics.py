@@ -146,6 +146,7 @@ def test_alignment_is_optimal_and_spells_both_sides():
         assert [t for _, _, t in a.ops if t is not None] == h
         assert a.errors == brute_force_distance(r, h)
         assert a.deletions - a.insertions == len(r) - len(h)
+        assert a.errors <= max(len(r), len(h))  # so WER <= max(N, N_hyp) / N (Morris 2004)
         assert all((k == "=") == (x == y) for k, x, y in a.ops if k in "=S")
 
 
@@ -266,12 +267,17 @@ def test_bits_do_not_depend_on_how_the_bytes_are_grouped():
     cuts = sorted(random.Random(6).sample(range(1, 1000), 299))
     lengths = torch.tensor([b - a for a, b in zip([0, *cuts], [*cuts, 1000], strict=True)])
     tokens = group_by_token(byte_nats, lengths)
+    each = torch.stack([b.sum() for b in byte_nats.split(lengths.tolist())])  # token by token
+    assert torch.allclose(tokens, each, rtol=0, atol=1e-12)
     per_byte, per_token = NLL(byte_nats.sum().item(), 1000), NLL(tokens.sum().item(), 300)
     assert per_token.bits() == pytest.approx(per_byte.bits(), rel=1e-13)
     bpb = per_byte.bits_per(1000)
     assert per_token.perplexity() == pytest.approx(2 ** (bpb * 1000 / 300), rel=1e-12)
     with pytest.raises(ValueError, match="must add up to the 1000 units"):
         group_by_token(byte_nats, lengths[:-1])
+    merged = torch.cat([lengths[:-2], lengths[-2:].sum(0, keepdim=True), torch.tensor([0])])
+    with pytest.raises(ValueError, match=r"\(>= 1 each\)"):  # right total, an empty token
+        group_by_token(byte_nats, merged)
 
 
 # ------------------------------------------------------------------------------ KL / JS
@@ -422,6 +428,8 @@ def test_pass_at_k_is_unbiased_exactly():
                    for c in range(n + 1))  # fmt: skip
         assert mean == 1 - (1 - p) ** k
     assert expected(pass_at_k_plugin, 200, 0.02, 10) < 1 - 0.98**10
+    assert pass_at_k_plugin(200, 5, 100) == pytest.approx(1 - (1 - 5 / 200) ** 100, rel=1e-15)
+    assert pass_at_k_plugin(200, 5, 1) == pytest.approx(5 / 200, rel=1e-15)
     assert expected(pass_at_k, 200, 0.02, 10) == pytest.approx(1 - 0.98**10, rel=1e-12)
 
 
