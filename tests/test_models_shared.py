@@ -91,7 +91,7 @@ def write_spec(folder: Path, corpus: dict, tokenizer_sha: str) -> Path:
               f"training: {flow(TOY_TRAIN)}", "models:"]  # fmt: skip
     for name, kind, config in (("dense", "dense", TOY_DENSE), ("moe", "moe", TOY_MOE)):
         lines += [f"  {name}:", f"    kind: {kind}", f"    config: {flow(config)}",
-                  "    train: {}", "    max_heldout_loss: null",
+                  "    train: {}", "    seeds: 1", "    max_heldout_loss: null",
                   "    cpu: {train: {steps: 8}}"]  # fmt: skip
     path = folder / "trained_models.yaml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -257,7 +257,7 @@ def test_a_missing_wheel_says_what_to_carry(toy, tmp_path):
             cp.find_wheel(pin, download=False)
     assert f":{line_of(path, 'wheel:')}: corpus: field 'wheel': toy-1.1-py3-none-any.whl " \
         in str(err.value)  # fmt: skip
-    assert "carry it into the repository's .whl/" in str(err.value)
+    assert "carry it into the repository's .whl/corpus/" in str(err.value)
 
 
 # ------------------------------------------------------------------------------ the tokenizer

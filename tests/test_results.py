@@ -141,6 +141,19 @@ def test_scratch_is_clean_and_sources_are_derived(scratch):
     assert all(d.startswith("sha256:") and len(d) == 71 for d in record["sources"].values())
 
 
+def test_carried_wheels_are_not_sources(tmp_path, monkeypatch):
+    """A file a snippet opens is a source, but not a wheel carried in .whl/ (git-ignored: a
+    record would be stale wherever the wheel is not carried); its pin is in data/."""
+    module, data = tmp_path / "snippets" / "m.py", tmp_path / "data" / "d.yaml"
+    wheel = tmp_path / ".whl" / "corpus" / "w-1.0-py3-none-any.whl"
+    for path in (module, data, wheel):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x = 1\n", encoding="utf-8")
+    opened = {f.resolve(): {module.resolve()} for f in (data, wheel)}
+    monkeypatch.setattr(res, "_OPENED", opened)
+    assert set(res.derive_sources(module, tmp_path)) == {"snippets/m.py", "data/d.yaml"}
+
+
 def test_hand_edited_value_fails_by_checksum(scratch):
     edit(scratch / RESULT, '"n": 1024', '"n": 2048')
     error, *also = gate.errors(scratch)  # the page cannot read it either

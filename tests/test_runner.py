@@ -14,6 +14,16 @@ def test_shards_cover_every_post_once_and_balance_the_load():
     assert noxfile.shard(["x"], {"x": 1.0}, 1, 1) == ["x"]
 
 
+def test_the_shared_models_run_first_within_their_own_budget_line():
+    """The other posts load the checkpoints the models' post trains (one cache per run)."""
+    assert noxfile.run_order(["cuda-graph", "metrics", "trained-models"]) == [
+        "trained-models", "cuda-graph", "metrics"]  # fmt: skip
+    assert noxfile.run_order(["metrics", "cuda-graph"]) == ["metrics", "cuda-graph"]
+    assert noxfile.budget_of("trained-models") == 90
+    assert noxfile.budget_of("metrics") == noxfile.BUDGET_S == 60
+    assert (noxfile.ROOT / "docs" / "posts" / f"{noxfile.MODELS_POST}.md").is_file()
+
+
 def test_due_lists_posts_with_stale_or_missing_results(scratch):  # noqa: F811
     assert gate.due(scratch) == []
     edit(scratch / "snippets/demo/helper.py", "def size():", "def size():  # tweak")

@@ -3,9 +3,11 @@
 The corpus is the text of one pinned pure-Python wheel (data/trained_models.yaml, `corpus`):
 read from the wheel's zip, never from an installed package (the CPU machines run Python 3.11,
 the GPU machine 3.12, and each has its own site-packages). The wheel is looked for in
-$HANDBOOK_WHEELS (folders separated by ':'), the repository's .whl/ (what the GPU machine is
-given) and the cache's wheels/; where it is in none of them, pip downloads it into the cache
-(CPU machines reach PyPI; the GPU machine does not, and gets the wheel carried in .whl/).
+$HANDBOOK_WHEELS (folders separated by ':'), the repository's .whl/corpus/ (what the GPU machine
+is given: a folder of its own, because the wheels directly in .whl/ are installed onto the
+GPU machine's PYTHONPATH, where this sympy would shadow the one torch uses), .whl/ and the
+cache's wheels/; where it is in none of them, pip downloads it into the cache (CPU machines
+reach PyPI; the GPU machine does not, and gets the wheel carried in .whl/corpus/).
 
 - selection: the zip's members under `prefix`, ending in `suffix`, with no folder named in
   `exclude_dirs`, sorted by path; each must be UTF-8;
@@ -67,7 +69,7 @@ def sha256_file(path: Path) -> str:
 
 def wheel_dirs() -> list[Path]:
     given = [Path(p) for p in os.environ.get(WHEELS_ENV, "").split(os.pathsep) if p]
-    return [*given, ROOT / ".whl", cache_dir() / "wheels"]
+    return [*given, ROOT / ".whl" / "corpus", ROOT / ".whl", cache_dir() / "wheels"]
 
 
 def find_wheel(pin: Pin, *, download: bool = True) -> Path:
@@ -90,7 +92,7 @@ def find_wheel(pin: Pin, *, download: bool = True) -> Path:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no wheel"]
         where += f"; pip download failed: {tail[0]}"
     raise CorpusError(pin.error("wheel", f"{pin.wheel} (sha256 {pin.sha256}) is not in {where}: "
-                                "carry it into the repository's .whl/"))  # fmt: skip
+                                "carry it into the repository's .whl/corpus/"))  # fmt: skip
 
 
 def _checked(path: Path, pin: Pin) -> Path:

@@ -212,7 +212,9 @@ def import_closure(path: Path, root: Path = ROOT) -> set[Path]:
 
 _OPENED: dict[Path, set[Path]] = {}  # opened file -> the snippet modules that opened it
 _STARTED: dict[str, float] = {}  # snippet module name -> when its latest import began
-_SKIP_DIRS = {"results", "__pycache__", ".git", ".nox", "node_modules", "site"}
+# not sources: records, caches, builds, and the wheels carried to the GPU machine (.whl: the
+# corpus wheel's content is pinned by its sha256 in data/trained_models.yaml, itself a source)
+_SKIP_DIRS = {"results", "__pycache__", ".git", ".nox", "node_modules", "site", ".whl"}
 
 
 def _audit(event: str, args: tuple) -> None:

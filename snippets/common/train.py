@@ -7,7 +7,9 @@ is there, else trained now and cached. The key is a hash of everything the weigh
 the model's config and training settings, the corpus and tokenizer hashes, this code and the
 model code, the device type and the torch version. Where there is no CUDA the entry's `cpu`
 stand-in (a CPU-sized shape, a few steps) is trained instead, through the same code: pages run
-everywhere, and only GPU runs publish numbers.
+everywhere, and only GPU runs publish numbers. `train_new(name, seed=...)` trains one now and
+caches nothing (the GPU run's extra seeds, which only measure the spread of the loss); `save`
+caches it.
 
 The trainer: fixed seeds (the weights from one generator, the batch order from another),
 deterministic algorithms where PyTorch has them (warn only where it has none), AdamW with
@@ -16,12 +18,15 @@ clipping, and packed sequences: the token stream (files separated by the end-of-
 into seq_len-long rows, visited in a random order, one permutation per epoch. On CUDA the
 weights and the optimizer state are fp32 and the forward and backward run under bf16 autocast;
 on the CPU everything is fp32. The held-out loss is the mean next-token loss over the first
-eval_tokens of the held-out stream, evaluated before and after training.
+eval_tokens of the held-out stream, evaluated before and after training. The loop's wall clock
+is read (after a synchronize) at STEP_CHUNKS + 1 evenly spaced steps: each chunk's time per step
+is one repeat of the step time, as a training loop sees it (the first chunk holds the warm-up).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -46,6 +51,9 @@ from snippets.common.models.trained_configs import (
 HERE = Path(__file__).resolve().parent
 CODE = [HERE / "train.py", HERE / "corpus.py", HERE / "models" / "qwen3.py",
         HERE / "models" / "qwen3_moe.py"]  # fmt: skip
+
+
+STEP_CHUNKS = 16  # 15 repeats after the warm-up chunk: the range leaves out 2 at each end
 
 
 class TrainingError(RuntimeError):
@@ -160,6 +168,16 @@ def deterministic():
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
+def chunk_bounds(steps: int, chunks: int = STEP_CHUNKS) -> list[int]:
+    """The steps at which the loop's clock is read: 0, evenly spaced steps, `steps`."""
+    return sorted({round(k * steps / chunks) for k in range(chunks + 1)})
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> dict:
     """Train `model` (on its device) in place from its current weights; returns the stats."""
     device = next(model.parameters()).device
@@ -177,10 +195,12 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> di
         lm_losses = torch.zeros(tc.steps, device=device)
         aux_losses = torch.zeros(tc.steps, device=device)
         model.train()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        bounds = chunk_bounds(tc.steps)
+        marks = []  # perf_counter at each bound
         for step in range(tc.steps):
+            if step in bounds:
+                _sync(device)
+                marks.append(time.perf_counter())
             ids = seqs[order[step]].long()
             with _autocast(device):
                 lm, aux = losses_of(model, ids)
@@ -193,14 +213,17 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> di
             lm_losses[step] = lm.detach()
             if aux is not None:
                 aux_losses[step] = aux.detach()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
+        _sync(device)
+        marks.append(time.perf_counter())
+        wall = marks[-1] - marks[0]
+        chunks = zip(itertools.pairwise(marks), itertools.pairwise(bounds), strict=True)
+        step_ms = [(b - a) * 1e3 / (m - n) for (a, b), (n, m) in chunks]
         final_loss = evaluate(model, held, tc.batch_size)
     model.eval()
     tokens = tc.steps * tc.batch_size * tc.seq_len
     return {
         "params": sum(p.numel() for p in params),
+        "seed": tc.seed,
         "steps": tc.steps,
         "tokens": tokens,
         "epochs": tokens / seqs.numel(),
@@ -211,6 +234,7 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> di
         "router_loss": aux_losses.tolist() if isinstance(model, Qwen3MoeForCausalLM) else None,
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
+        "step_ms": step_ms,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": "bf16 autocast, fp32 weights" if device.type == "cuda" else "fp32",
         "torch": str(torch.__version__),
@@ -237,43 +261,104 @@ def cache_key(name: str, cfg: Qwen3Config, tc: TrainConfig, spec: TrainedSpec, d
     return hashlib.sha256(json.dumps(fields_, sort_keys=True).encode()).hexdigest()
 
 
-def trained(name: str, *, seed: int | None = None, spec: TrainedSpec | None = None) -> Trained:
-    """The trained model `name` of data/trained_models.yaml (its CPU stand-in without CUDA)."""
-    spec = spec or load_trained_models()
+def settings(name: str, spec: TrainedSpec, seed: int | None = None):
+    """(entry, model config, training config) of model `name` on this machine."""
     if name not in spec.models:
         raise KeyError(f"no model {name!r} in {_shown(spec.path)}; known: {', '.join(spec.models)}")
     entry = spec.models[name]
     config, train_fields = entry.resolved(ON_GPU)
     tc = TrainConfig(**(train_fields | ({} if seed is None else {"seed": seed})))
-    cfg = model_config(entry.kind, config, spec.tokenizer.vocab_size)
-    path = cache_dir() / f"{name}-{cache_key(name, cfg, tc, spec, DEVICE)[:16]}.pt"
+    return entry, model_config(entry.kind, config, spec.tokenizer.vocab_size), tc
+
+
+def checkpoint_path(name: str, cfg: Qwen3Config, tc: TrainConfig, spec: TrainedSpec) -> Path:
+    return cache_dir() / f"{name}-{cache_key(name, cfg, tc, spec, DEVICE)[:16]}.pt"
+
+
+def train_new(name: str, *, seed: int | None = None, spec: TrainedSpec | None = None) -> Trained:
+    """Model `name` trained now from its initial weights (its CPU stand-in without CUDA); the
+    cache is not read, and nothing is written to it (`save` does)."""
+    spec = spec or load_trained_models()
+    _, cfg, tc = settings(name, spec, seed)
     with torch.device(DEVICE):
         model = build_model(cfg)
-    if path.is_file():
-        saved = torch.load(path, map_location=DEVICE, weights_only=True)
-        model.load_state_dict(saved["state_dict"])
-        stats = saved["stats"]
-    else:
-        train_stream, heldout_stream = token_streams(spec)
-        init_weights(model, tc.init_std, tc.seed)
-        stats = train(model, train_stream, heldout_stream, tc)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        torch.save({"state_dict": model.state_dict(), "stats": stats}, tmp)
-        os.replace(tmp, path)
+    train_stream, heldout_stream = token_streams(spec)
+    init_weights(model, tc.init_std, tc.seed)
+    stats = train(model, train_stream, heldout_stream, tc)
     model.eval()
-    limit = entry.max_heldout_loss
-    if ON_GPU and limit is not None and stats["heldout_loss"] > limit:
-        raise TrainingError(f"{_shown(spec.path)}:{entry.line}: model '{name}': held-out loss "
-                            f"{stats['heldout_loss']:.4f} after {tc.steps} steps is above its "
-                            f"max_heldout_loss {limit}")  # fmt: skip
+    path = checkpoint_path(name, cfg, tc, spec)
     return Trained(name, model, cfg, tc, stats, path, load_tokenizer(spec))
 
 
-if __name__ == "__main__":  # python -m snippets.common.train [NAME ...]: train (or load), report
+def save(run: Trained) -> Path:
+    """Cache a trained model where `trained` looks for it."""
+    tmp = run.path.with_name(f".{run.path.name}.{os.getpid()}.tmp")
+    torch.save({"state_dict": run.model.state_dict(), "stats": run.stats}, tmp)
+    os.replace(tmp, run.path)
+    return run.path
+
+
+def check_loss(name: str, stats: dict, spec: TrainedSpec | None = None) -> None:
+    """TrainingError where model `name`, trained on CUDA, missed its max_heldout_loss."""
+    spec = spec or load_trained_models()
+    entry = spec.models[name]
+    limit, loss = entry.max_heldout_loss, stats["heldout_loss"]
+    if stats["device"] != "cpu" and limit is not None and loss > limit:
+        raise TrainingError(f"{_shown(spec.path)}:{entry.limit_line}: model '{name}' (seed "
+                            f"{stats['seed']}): held-out loss {loss:.4f} after {stats['steps']} "
+                            f"steps is above its max_heldout_loss {limit}")  # fmt: skip
+
+
+def trained(name: str, *, seed: int | None = None, spec: TrainedSpec | None = None) -> Trained:
+    """The trained model `name` of data/trained_models.yaml (its CPU stand-in without CUDA)."""
+    spec = spec or load_trained_models()
+    _, cfg, tc = settings(name, spec, seed)
+    path = checkpoint_path(name, cfg, tc, spec)
+    if path.is_file():
+        with torch.device(DEVICE):
+            model = build_model(cfg)
+        saved = torch.load(path, map_location=DEVICE, weights_only=True)
+        model.load_state_dict(saved["state_dict"])
+        model.eval()
+        run = Trained(name, model, cfg, tc, saved["stats"], path, load_tokenizer(spec))
+    else:
+        run = train_new(name, seed=seed, spec=spec)
+        save(run)
+    check_loss(name, run.stats, spec)
+    return run
+
+
+# A dense model smaller in every dimension than each of data/trained_models.yaml's: trained on
+# the CPU with a model's own GPU schedule, its held-out loss is that model's max_heldout_loss.
+ESTIMATE_CONFIG = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}  # fmt: skip
+
+
+def estimate(name: str, spec: TrainedSpec | None = None) -> dict:
+    """ESTIMATE_CONFIG trained on the CPU (fp32) with model `name`'s training settings -- its
+    GPU ones, not its stand-in's: same steps, batch, sequence length and schedule."""
+    spec = spec or load_trained_models()
+    entry = spec.models[name]
+    shared = ("rms_norm_eps", "rope_theta", "tie_word_embeddings")
+    config = {k: entry.config[k] for k in shared} | ESTIMATE_CONFIG
+    cfg = model_config("dense", config, spec.tokenizer.vocab_size)
+    tc = TrainConfig(**entry.train)
+    with torch.device("cpu"):
+        model = build_model(cfg)
+    init_weights(model, tc.init_std, tc.seed)
+    train_stream, heldout_stream = token_streams(spec)
+    return train(model, train_stream, heldout_stream, tc)
+
+
+if __name__ == "__main__":
+    # python -m snippets.common.train [NAME ...]: train (or load) them and report;
+    # python -m snippets.common.train --estimate NAME: the CPU estimate of its max_heldout_loss
     import sys
 
-    for name in sys.argv[1:] or list(load_trained_models().models):
+    names = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for name in names or list(load_trained_models().models):
         t0 = time.perf_counter()
-        got = trained(name)
-        stats = {k: v for k, v in got.stats.items() if k not in ("train_loss", "router_loss")}
-        print(f"{name}: {time.perf_counter() - t0:.1f} s with loading; {json.dumps(stats)}")
+        stats = estimate(name) if "--estimate" in sys.argv else trained(name).stats
+        lists = ("train_loss", "router_loss", "step_ms")
+        shown = {k: v for k, v in stats.items() if k not in lists}
+        print(f"{name}: {time.perf_counter() - t0:.1f} s with loading; {json.dumps(shown)}")

@@ -4,7 +4,8 @@ One file says everything that makes a trained model reproducible: the corpus (on
 its sha256, the rule that selects its text files, the held-out split and the hashes that the
 selection must reproduce), the tokenizer (library version, vocabulary size, the hash of its JSON)
 and each model (its kind, its config without `vocab_size`, which is the tokenizer's, its training
-settings, the stand-in shape and steps used where there is no CUDA). Imports no torch: `nox -s
+settings, how many seeds the GPU run trains it with, the held-out loss it must reach, the
+stand-in shape and steps used where there is no CUDA). Imports no torch: `nox -s
 check` validates the file without it. Errors name the file and the line:
 ``data/trained_models.yaml:61: model 'draft': field 'config.hidden_size': expected int, got '512'``.
 """
@@ -74,7 +75,7 @@ TOKENIZER_FIELDS = {
     "eos": str,
     "sha256": str,
 }
-MODEL_KEYS = ("kind", "config", "train", "max_heldout_loss", "cpu")
+MODEL_KEYS = ("kind", "config", "train", "seeds", "max_heldout_loss", "cpu")
 ZERO_OK = {"weight_decay", "min_lr_ratio", "warmup_steps", "seed", "router_aux_loss_coef"}
 _TYPES = {int: (int,), float: (int, float), bool: (bool,), str: (str,), list: (list,)}
 
@@ -129,9 +130,11 @@ class ModelSpec:
     kind: str  # "dense" (snippets/common/models/qwen3.py) or "moe" (qwen3_moe.py)
     config: dict  # the config's fields, vocab_size excluded
     train: dict  # the training section's defaults with this model's overrides
+    seeds: int  # the GPU run trains seeds train["seed"] .. + seeds - 1; the first is cached
     max_heldout_loss: float | None  # None: not set yet (first GPU run)
     cpu: dict  # {"config": {...}, "train": {...}}: overrides where there is no CUDA
     line: int
+    limit_line: int = 0  # the line of max_heldout_loss
 
     def resolved(self, on_gpu: bool) -> tuple[dict, dict]:
         """(config, train) for this machine: the GPU's, or the CPU stand-in's overrides."""
@@ -229,6 +232,9 @@ def load_trained_models(path: Path | None = None) -> TrainedSpec:
         config, _ = _values(path, given["config"][1], f"{where} config", fields, loader=loader)
         train, _ = _values(path, given["train"][1], f"{where} train", TRAIN_FIELDS,
                            partial=True, loader=loader)  # fmt: skip
+        seeds = loader.construct_object(given["seeds"][1])
+        if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+            _fail(path, given["seeds"][0], where, "seeds", f"a positive int, got {seeds!r}")
         limit = loader.construct_object(given["max_heldout_loss"][1])
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int | float)
                                   or limit <= 0):  # fmt: skip
@@ -250,6 +256,7 @@ def load_trained_models(path: Path | None = None) -> TrainedSpec:
             if kind == "moe" and cfg["num_experts_per_tok"] > cfg["num_experts"]:
                 _fail(path, given["config"][0], where, "num_experts_per_tok",
                       "at most num_experts")  # fmt: skip
-        models[name] = ModelSpec(name, kind, config, defaults | train, limit, cpu,
-                                 key.start_mark.line + 1)  # fmt: skip
+        models[name] = ModelSpec(name, kind, config, defaults | train, seeds, limit, cpu,
+                                 key.start_mark.line + 1,
+                                 given["max_heldout_loss"][0].start_mark.line + 1)  # fmt: skip
     return TrainedSpec(path, corpus, tokenizer, models)

@@ -1,0 +1,1 @@
+"""共享训练模型 (trained-models) snippets."""
