@@ -448,7 +448,7 @@ def test_structure_check_reports_a_broken_kv_data_file(tmp_path):
 # fp8_error_bound, what e4m3's 3 mantissa bits allow per element (2^-4 relative, 2^-10 x scale
 # among the subnormals), for the quantization itself.
 
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+gpu = pytest.mark.gpu  # CUDA-only: run by gpu_docs, with the post or among "the rest"
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
 
 

@@ -42,7 +42,7 @@ from snippets.triton_kernels.numerics import (
     within,
 )
 
-gpu = pytest.mark.skipif(not ON_GPU, reason="needs CUDA (nox -s gpu_docs)")
+gpu = pytest.mark.gpu  # CUDA-only: run by gpu_docs, with the post or among "the rest"
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
 
 
