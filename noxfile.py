@@ -97,6 +97,8 @@ BUDGETS = {MODELS_POST: 90}
 # with the post's warm compile caches.
 DOWNLOAD_BUDGET_S = 60
 DOWNLOAD_NEEDS = ("jupytext", "nbformat")  # hooks/downloads.py writes the downloads with them
+# the timing harness settles on the GPU's power state (snippets/common/bench.py, _settle)
+GPU_NEEDS = {"pynvml": "nvidia-ml-py"}
 
 
 def budget_of(slug: str) -> int:
@@ -204,6 +206,11 @@ def gpu_docs(session: nox.Session) -> None:
     )  # fmt: skip
     if probe.stdout.strip() != "True":
         session.error("gpu_docs needs a CUDA device: torch.cuda.is_available() is not True here")
+    import importlib.util
+
+    if missing := [w for m, w in GPU_NEEDS.items() if importlib.util.find_spec(m) is None]:
+        session.error(f"gpu_docs needs {', '.join(missing)} (pure Python): carry its wheel "
+                      "(docs/contributing.md lists the wheels)")  # fmt: skip
     env = {**os.environ, **_commit(session), "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1"}
     if every or (verify and not slugs):
         slugs = post_slugs()

@@ -27,10 +27,21 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from snippets.common import claims as cl  # noqa: E402
-from snippets.common.results import Stat, refresh_command, results_dir  # noqa: E402
+from snippets.common.results import (  # noqa: E402
+    FASTEST_SHARE,
+    Stat,
+    refresh_command,
+    results_dir,
+)
 
 PYTHON_MARK = "†"
 PYTHON_LEGEND = f"{PYTHON_MARK} 从 Python 计时：墙钟时间，含 CPU 一侧的开销"
+FASTEST_MARK = "‡"
+FASTEST_LEGEND = (
+    f"{FASTEST_MARK} 从 Python 计时，取最快的三分之一次重复：主机 CPU 没有被别的负载拖慢时的时间，"
+    "是循环实际看到的时间的下界"
+)
+CLOCK_MARKS = {"python": PYTHON_MARK, "python-fastest": FASTEST_MARK}
 OVERLAP_MARK = "≈"
 OVERLAP_LEGEND = f"{OVERLAP_MARK} 与同组中另一个值的区间重叠：两者之差在测量散布之内"
 
@@ -70,11 +81,15 @@ def number(value, spec: str | None) -> str:
     text = fmt(value, spec)
     stat = cl.as_stat(value)
     if isinstance(stat, Stat) and stat.n:
-        clock = "，从 Python 计时" if stat.clock == "python" else ""
+        clock = {"python": "，从 Python 计时",
+                 "python-fastest": "，从 Python 计时"}.get(stat.clock, "")  # fmt: skip
         span = f"{fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}（{spread_text(stat)}）"
         trim = stat.n // 6  # as Stat.of leaves them out
         kept = f"去掉最快、最慢各 {trim} 次后的范围" if trim else "全部重复的范围"
-        title = f"中位数；{stat.n} 次重复，{kept} {span}{clock}"
+        repeats = f"{stat.n} 次重复"
+        if stat.clock == "python-fastest":
+            repeats = f"{FASTEST_SHARE * stat.n} 次重复中最快的 {stat.n} 次"
+        title = f"中位数；{repeats}，{kept} {span}{clock}"
         return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
     return text
 
@@ -87,8 +102,7 @@ def cell(value, col: dict, overlap: bool) -> str:
     stat = cl.as_stat(value)
     if isinstance(stat, Stat) and stat.n and stat.lo != stat.hi:
         text += f" {spread_text(stat)}"
-        if stat.clock == "python":
-            text += PYTHON_MARK
+        text += CLOCK_MARKS.get(stat.clock, "")
     if overlap:
         text = f"{OVERLAP_MARK} {text}"
     return text.replace("|", "\\|")
@@ -156,11 +170,11 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
     for i, r in enumerate(rows):
         cells = [cell(r.get(k), c, (i, k) in marked) for k, c in cols]
         marks |= {OVERLAP_MARK} if any(j == i for j, _ in marked) else set()
-        marks |= {
-            PYTHON_MARK for k, _ in cols if getattr(cl.as_stat(r.get(k)), "clock", 0) == "python"
-        }
+        marks |= {CLOCK_MARKS.get(getattr(cl.as_stat(r.get(k)), "clock", None)) for k, _ in cols}
         lines.append("| " + " | ".join(cells) + " |")
-    legends = [PYTHON_LEGEND] * (PYTHON_MARK in marks) + [OVERLAP_LEGEND] * (OVERLAP_MARK in marks)
+    legend_of = {PYTHON_MARK: PYTHON_LEGEND, FASTEST_MARK: FASTEST_LEGEND,
+                 OVERLAP_MARK: OVERLAP_LEGEND}  # fmt: skip
+    legends = [text for mark, text in legend_of.items() if mark in marks]
     timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
                 for r in rows for k, _ in cols)  # fmt: skip
     if timed:

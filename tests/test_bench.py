@@ -107,3 +107,23 @@ def test_kernel_ms_each_leaves_the_settling_run_out():
                                 settle_ms=20.0)  # fmt: skip
     assert big.n == small.n == 7
     assert 2.5 < big.median / small.median < 5.5  # 4x the bytes, and small is latency-bound
+
+
+def test_nvml_reads_the_power_state_that_settling_waits_for():
+    """_settle goes by time alone where NVML cannot be read: on the GPU machine it must read it
+    (nvidia-ml-py carried), and a large matmul under load ends up capped or near its limit."""
+    import time
+
+    import torch
+
+    from snippets.common import bench
+
+    assert bench._power() is not None, "NVML unreadable: carry the nvidia-ml-py wheel"
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 3.0:  # past the fast phase after idle (~1-2 s)
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
+    capped, draw = bench._power()
+    assert capped or draw >= bench.POWER_NEAR, (capped, draw)

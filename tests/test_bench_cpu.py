@@ -118,8 +118,12 @@ def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeyp
     assert runs == [(0, 2)] * 5 + [(1, bench.Settle(1.5, 13))] + [(1, 2)] * 5
     with pytest.raises(ValueError, match="2 callables"):
         bench.kernel_ms_each(fns, interleave=False, settle_ms=[1.0])
-    with pytest.raises(ValueError, match="interleave=False"):
-        bench.kernel_ms_each(fns, settle_ms=1.0)
+    runs.clear()  # interleaved: one settling run, of the first callable, before the turns
+    stats = bench.kernel_ms_each(fns, repeats=5, calls=2, settle_ms=10.0)
+    assert runs == [(0, s0)] + [(0, 2), (1, 2)] * 5
+    assert all(s.hi == s.median for s in stats)
+    with pytest.raises(ValueError, match="one value"):
+        bench.kernel_ms_each(fns, settle_ms=[1.0, 1.0])
 
 
 def test_kernel_ms_each_times_again_what_the_clocks_changed_under(monkeypatch, tmp_path):
@@ -174,6 +178,7 @@ def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
     outlasts min_s looks steady too: min_s must cover it (graph_ms: 2 s)."""
     clock = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench, "_power", lambda: None)  # no NVML: by time alone
 
     def chunks(times):
         it = iter(times)
@@ -192,6 +197,32 @@ def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
     assert bench._settle(chunks(jumpy), 0.5) == pytest.approx(0.5 + bench.SETTLE_EXTRA_S, abs=0.051)
 
 
+def test_settle_waits_out_a_fast_phase_that_nvml_sees(monkeypatch, tmp_path):
+    """With NVML: steady chunks while the GPU draws near its limit uncapped (after a long idle
+    the fast phase outlasted 2 s) do not end settling; the SW power cap does, and so does a draw
+    well under the limit (work the cap never reaches). A fast phase that never ends stops at
+    min_s + POWER_EXTRA_S, traced."""
+    clock = [0.0]
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    trace = tmp_path / "trace.tsv"
+    monkeypatch.setenv("HANDBOOK_BENCH_TRACE", str(trace))
+
+    def chunk():
+        clock[0] += 0.05
+        return 176.0 if clock[0] < 3.0 else 208.0  # fast, steady, for 3 s; then capped
+
+    monkeypatch.setattr(bench, "_power", lambda: (clock[0] >= 3.0, 0.97))
+    assert bench._settle(chunk, 0.5) == pytest.approx(3.1, abs=0.051)  # 3 chunks after the cap
+    clock[0] = 0.0
+    monkeypatch.setattr(bench, "_power", lambda: (False, 0.6))  # small work: never capped
+    assert bench._settle(chunk, 0.5) == pytest.approx(0.5, abs=0.051)
+    clock[0] = -100.0  # the fast phase never ends
+    monkeypatch.setattr(bench, "_power", lambda: (False, 0.97))
+    spent = bench._settle(chunk, 0.5)
+    assert spent == pytest.approx(0.5 + bench.POWER_EXTRA_S, abs=0.051)
+    assert "gave up in the fast phase: draw 97% of the limit" in trace.read_text()
+
+
 def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):
     """One step in eight is ten times slower: each repeat's value is its median step, so the
     slow steps do not move it (a repeat's mean would be 2.1x the median)."""
@@ -207,3 +238,23 @@ def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):
     t = bench.step_ms(step, repeats=5, calls=8, settle_s=0.0, warmup=0)
     assert t.n == 5 and t.clock == "python"
     assert 1.0 <= t.median < 1.6 and t.hi < 2.0, t
+
+
+def test_step_ms_fastest_keeps_the_fastest_third_of_three_times_the_repeats(monkeypatch):
+    """fastest=True: 3 x repeats repeats, the Stat of the fastest third. A host that runs at
+    half speed for two repeats in three (every step 2 ms instead of 1 ms) leaves the fast
+    repeats' time; all repeats' median would be the slow one."""
+    import time
+
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    count = [0]
+
+    def step():
+        count[0] += 1
+        slow = (count[0] - 1) // 4 % 3 != 0  # 4 steps a repeat: repeats 1, 2 of each 3 slow
+        time.sleep(0.004 if slow else 0.002)
+
+    t = bench.step_ms(step, repeats=5, calls=4, settle_s=0.0, warmup=0, fastest=True)
+    assert count[0] == 15 * 4 and t.n == 5 and t.clock == "python-fastest"
+    assert 2.0 <= t.median < 3.0 and t.hi < 3.0, t  # the fast ones (sleep overshoots a little)
+    assert t.extremes[1] >= 4.0  # min and max still span every repeat

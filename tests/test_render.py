@@ -54,6 +54,22 @@ def test_table_shows_spread_marks_and_escapes_pipes(hook, results):
     assert 'href="../../results/demo/r.json"' in text and "commit aaaaaaaaaa" in text
 
 
+def test_fastest_third_gets_its_own_mark_legend_and_hover(hook, results):
+    """A python-fastest timing: ‡ and its legend in a table; the hover names the share kept."""
+    import copy
+
+    record = copy.deepcopy(results.loaded[("demo", "r")])  # VALUES is shared by the tests
+    rows = record["values"]["rows"]
+    rows[1]["ms"]["clock"] = "python-fastest"
+    results = cl.Results(base=results.base, loaded={("demo", "r"): record})
+    d = directive("table", "rows: rows\ncolumns: {impl: i, ms: {label: t, format: .3f}}\n")
+    text = hook.table("demo", d, results, fake_page("posts/demo.md"), prov=False)
+    assert "| a\\|b | 1.005 ±2.5%‡ |" in text and "‡ 从 Python 计时，取最快的三分之一" in text
+    assert "†" not in text
+    hover = unescape(hook.number(cl.as_stat(rows[1]["ms"]), ".3f"))
+    assert "21 次重复中最快的 7 次" in hover, hover
+
+
 def test_compare_marks_overlapping_cells(hook, results):
     """0.99..1.01 and 0.98..1.03 overlap: within 'their spread' of each other; x does not."""
     page = fake_page("posts/demo.md")

@@ -297,6 +297,18 @@ def test_stat_range_leaves_out_a_sixth_of_the_repeats_at_each_end():
     assert three_off.lo == 0.7  # a third disturbed repeat shows
 
 
+def test_python_fastest_is_the_stat_of_the_fastest_third():
+    """Clock python-fastest: median and range of the fastest n // 3 repeats (n of them), min and
+    max of all; fewer than 15 repeats is an error (the third must hold MIN_REPEATS)."""
+    host = [2.0] * 20 + [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.07, 1.08, 1.09]  # 30 repeats
+    t = res.Stat.of(host, "python-fastest")
+    assert (t.n, t.median, t.lo, t.hi) == (10, 1.045, 1.01, 1.08)
+    assert t.extremes == (1.0, 2.0) and t.spread < 0.05
+    assert res.Stat.of(host, "python").median == 2.0  # all repeats: the slow host's time
+    with pytest.raises(ValueError, match="at least 15 repeats"):
+        res.Stat.of([1.0] * 14, "python-fastest")
+
+
 def test_stat_arithmetic_keeps_the_widest_range():
     a = res.Stat(2.0, 1.9, 2.1, 7, "gpu-graph")
     b = res.Stat(1.0, 0.95, 1.05, 5, "gpu-graph")

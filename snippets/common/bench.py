@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from snippets.common.results import MAX_SPREAD, ResultError, Stat
+from snippets.common.results import FASTEST_SHARE, MAX_SPREAD, ResultError, Stat
 
 REPEATS = 7
 PYTHON_REPEATS = 15  # time seen from Python is noisier (a shared CPU): more, shorter repeats
@@ -90,6 +90,45 @@ def _calls_for(fn, target_ms: float, max_calls: int) -> int:
 SETTLE_TOL = 0.02  # settled: the last three chunks within ±2 % of their median (steady, a
 # power-capped matmul's 40 ms chunks still varied ±2-3 %; the drop they wait out is ~15 %)
 SETTLE_EXTRA_S = 2.0  # at most this long past the minimum
+POWER_NEAR = 0.9  # drawing this share of the enforced limit, uncapped: the fast phase
+POWER_EXTRA_S = 6.0  # at most this long past the minimum while the fast phase lasts
+SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap: the driver lowers clocks to the limit
+
+
+@functools.cache
+def _nvml():
+    """(pynvml, handle) of the current CUDA device, or None where NVML cannot be read (no
+    nvidia-ml-py, no driver): _settle then goes by time alone."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # no nvidia-ml-py, or no driver library
+        return None
+    try:
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+    except Exception:  # an older torch or NVML: the only GPU, where there is one
+        if pynvml.nvmlDeviceGetCount() == 1:
+            return pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        return None
+
+
+def _power() -> tuple[bool, float] | None:
+    """(capped, draw / enforced limit) of the current GPU, from NVML; None without NVML.
+    capped: the SW power cap clock-event reason is active. The draw NVML reports on Hopper
+    is averaged over one second."""
+    if (nvml := _nvml()) is None:
+        return None
+    pynvml, handle = nvml
+    try:
+        reasons = pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        draw = pynvml.nvmlDeviceGetPowerUsage(handle) / pynvml.nvmlDeviceGetEnforcedPowerLimit(
+            handle
+        )
+    except pynvml.NVMLError:
+        return None
+    return bool(reasons & SW_POWER_CAP), draw
 
 
 def _settle(chunk, min_s: float) -> float:
@@ -98,9 +137,12 @@ def _settle(chunk, min_s: float) -> float:
     at most SETTLE_EXTRA_S more; return the seconds spent. Why: the H200 machine's GPU runs at
     its 700 W power cap under large matmuls, and after idle or lighter work a 4096³ matmul ran
     about 15 % fast before the clocks dropped to the state they then hold (176 vs 208 µs): for
-    0.2 s after other work, for about 1.1 s after the GPU had idled (as a power limit on a
-    running average of the draw would); a timing that straddles the drop spread 5-15 %. That
-    fast phase looks steady too: min_s must outlast it."""
+    0.2 s after other work, for about 1.1 s after the GPU had idled, and after a long idle for
+    more than 2 s (as a power limit on a running average of the draw would); a timing that
+    straddles the drop spread 5-15 %. That fast phase looks steady too, so where NVML can be
+    read, steady chunks count only once the power state is one that holds: the SW power cap
+    active, or a draw under POWER_NEAR of the limit (work that the cap never reaches); while
+    the GPU draws near its limit uncapped, settling goes on, for at most POWER_EXTRA_S."""
     t0 = time.perf_counter()
     times: list[float] = []
     while True:
@@ -108,7 +150,16 @@ def _settle(chunk, min_s: float) -> float:
         spent = time.perf_counter() - t0
         last = sorted(times[-3:])
         steady = len(last) == 3 and last[2] - last[0] <= 2 * SETTLE_TOL * last[1]
-        if (spent >= min_s and steady) or spent >= min_s + SETTLE_EXTRA_S:
+        fast_phase = False
+        if spent >= min_s and (power := _power()) is not None:
+            capped, draw = power
+            fast_phase = not capped and draw >= POWER_NEAR
+        if spent >= min_s and steady and not fast_phase:
+            return spent
+        if spent >= min_s + (POWER_EXTRA_S if fast_phase else SETTLE_EXTRA_S):
+            if fast_phase:
+                _trace(0.0, f"(settling gave up in the fast phase: draw {draw:.0%} of the "
+                            "limit, not capped)", "bench.py")  # fmt: skip
             return spent
 
 
@@ -286,9 +337,10 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
     then repeat i + 1, so a change of the GPU's clocks reaches all of them alike (steps of one
     kind of work); otherwise every repeat of one callable, then the next, so each is timed in
     its own steady clock state (large matmuls among small memory-bound operators: timed in
-    turn with them, a matmul ran faster and spread wider than on its own). settle_ms (not
-    interleaved; one value, or one per callable): before each callable's repeats, an untimed
-    run inside the session for at least that long and until it holds steady (_settle), so
+    turn with them, a matmul ran faster and spread wider than on its own). settle_ms (one
+    value, or one per callable when not interleaved): before each callable's repeats (when
+    interleaved: once, the first callable, before the turns), an untimed run inside the
+    session for at least that long and until it holds steady (_settle), so
     the clocks leave the state that the previous callable, or the idle GPU while the profiler
     started, left them in (settled outside the session, a matmul's first repeats still ran
     about 10 % fast: the GPU idles while the profiler starts). Order power-hungry callables
@@ -299,17 +351,20 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
     mins = [float(settle_ms)] * len(fns) if isinstance(settle_ms, int | float) else list(settle_ms)
     if len(mins) != len(fns):
         raise ValueError(f"kernel_ms_each: {len(mins)} settle_ms values for {len(fns)} callables")
-    if interleave and any(mins):
-        raise ValueError("kernel_ms_each: settle_ms needs interleave=False")
+    if interleave and not isinstance(settle_ms, int | float):
+        raise ValueError("kernel_ms_each: interleaved, settle_ms is one value (a settling run "
+                         "of the first callable before the repeats)")  # fmt: skip
     t0 = time.perf_counter()
     for fn in fns:
         for _ in range(warmup):
             fn()
-    once = [_once_ms(fn) for fn in fns]
+    # a rough time per call: to size the repeats (when calls is not given) and settling chunks
+    once = [_once_ms(fn) for fn in fns] if calls is None or any(mins) else [1.0] * len(fns)
     per = [calls or max(1, min(1000, math.ceil(target_ms / t))) for t in once]
     _trace(time.perf_counter() - t0, "(warm-up: compiles, autotuning)", "kernel_ms_each")
-    if interleave:
-        order = [(i, k) for i in range(repeats) for k in range(len(fns))]
+    if interleave:  # one settling run, of the first callable, before the turns
+        order = [(-1, 0)] * (mins[0] > 0) + [(i, k) for i in range(repeats)
+                                             for k in range(len(fns))]  # fmt: skip
     else:
         order = [(i, k) for k in range(len(fns))
                  for i in ([-1] if mins[k] > 0 else []) + list(range(repeats))]  # fmt: skip
@@ -370,13 +425,20 @@ def python_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int | None = None,
 
 @_traced
 def step_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int = 16, settle_s: float = 1.0,
-            warmup: int = 3) -> Stat:  # fmt: skip
+            warmup: int = 3, fastest: bool = False) -> Stat:  # fmt: skip
     """Time seen from Python per step of a loop that waits for each step's result (a decode
     loop that reads every token): each call is followed by a synchronize and timed alone; a
     repeat's value is the median of its `calls` steps (an occasional slow step, a CPU hiccup,
     does not move it). Before timing, `fn` runs for settle_s seconds: on the H200 machine the
     host CPU ran at half speed for about a second after a model was built (a pure-Python loop
-    interleaved with the steps slowed down 2x as well), and then held steady."""
+    interleaved with the steps slowed down 2x as well).
+    fastest: for CPU-bound steps (eager decode: launching ~100 kernels), `repeats` times
+    FASTEST_SHARE repeats, and the Stat of the fastest third (clock "python-fastest"). The
+    host's speed moved 2x within seconds, back and forth, so that the median of 15 repeats
+    spread ±18-51 % and moved 2x between runs; as the timeit documentation argues for min(),
+    the slow repeats measure other load on the host, not the code."""
+    if fastest:
+        repeats *= FASTEST_SHARE
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -397,7 +459,7 @@ def step_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int = 16, settle_s: flo
             mid = len(steps) // 2
             median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
             samples.append(median * 1e3)
-    return Stat.of(samples, "python")
+    return Stat.of(samples, "python-fastest" if fastest else "python")
 
 
 CEILINGS_ENV = "HANDBOOK_CEILINGS"  # set by gpu_docs: one file of ceilings for its whole run

@@ -43,7 +43,8 @@ RESULTS_DIR_ENV = "HANDBOOK_RESULTS_DIR"  # set by gpu_docs: where measurements 
 UPDATE_ENV = "HANDBOOK_UPDATE_RECORDS"  # set by `pytest --update-examples`: rewrite computed
 COMMIT_ENV, DIRTY_ENV = "HANDBOOK_COMMIT", "HANDBOOK_DIRTY"
 KINDS = ("measured", "computed")
-CLOCKS = ("gpu-graph", "gpu-kernels", "python")  # how a timing was taken
+CLOCKS = ("gpu-graph", "gpu-kernels", "python", "python-fastest")  # how a timing was taken
+FASTEST_SHARE = 3  # python-fastest: the statistic of the fastest third of the repeats
 REJECTED_DIR = ".rejected"  # write_result keeps values that failed a check here (git-ignored)
 RECORDER = "snippets/common/results.py"  # stores numbers, measures nothing: not a source
 FIELDS = ("schema", "kind", "slug", "name", "values", "provenance", "sources", "checksum")
@@ -73,6 +74,10 @@ class Stat:
     the range. Noisier clocks take more repeats, so more disturbed ones are left out at the same
     quantiles. The fastest and slowest repeats are kept too (`min`, `max`).
 
+    Clock "python-fastest" (bench.step_ms(fastest=True)): median and range of the fastest
+    1/FASTEST_SHARE of the repeats, `n` of them; min and max still span them all. It is the
+    time of CPU-bound code on the host at its own speed, a lower bound of what a loop sees.
+
     Arithmetic between Stats (and numbers) is interval arithmetic on (lo, hi), with the median
     computed from the medians: a speed-up eager / graph keeps the widest range the two allow.
     Results of arithmetic are `derived`; only raw timings must meet MAX_SPREAD.
@@ -93,10 +98,16 @@ class Stat:
             raise ValueError(f"a timing needs at least {MIN_REPEATS} repeats, got {len(xs)}")
         if clock not in CLOCKS:
             raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
+        extremes = (xs[0], xs[-1])
+        if clock == "python-fastest":
+            xs = xs[: len(xs) // FASTEST_SHARE]
+            if len(xs) < MIN_REPEATS:
+                raise ValueError(f"a python-fastest timing needs at least "
+                                 f"{FASTEST_SHARE * MIN_REPEATS} repeats")  # fmt: skip
         mid = len(xs) // 2
         median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
         trim = len(xs) // 6 if len(xs) >= TRIM_FROM else 0  # disturbed repeats set no range
-        return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=(xs[0], xs[-1]))
+        return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=extremes)
 
     @property
     def spread(self) -> float:

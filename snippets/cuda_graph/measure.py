@@ -1,8 +1,9 @@
 """Timing decode steps and training steps: eager, CUDA graph, torch.compile(reduce-overhead).
 
 Every time is seen from Python, CPU overhead included: a decode step by step_ms (each step
-waited for, as a loop that reads every token; the median step of each repeat), a training step
-by python_ms (the wall clock of back-to-back steps).
+waited for, as a loop that reads every token; the median step of each repeat; eager, which is
+CPU-bound, by the fastest third of its repeats), a training step by python_ms (the wall clock
+of back-to-back steps).
 """
 
 import time
@@ -16,12 +17,13 @@ from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
 
 # --8<-- [start:configs]
-SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 8 layers
-    QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden_layers=8,
+SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 4 layers
+    QWEN3_8B, hidden_size=1024, intermediate_size=3072, num_hidden_layers=4,
     num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
-MID = replace(QWEN3_8B, num_hidden_layers=8)  # Qwen3-8B's widths, 8 layers
-CALLS = 16  # decode steps per timed repeat (of 15): an eager step is 7-14 ms of CPU work
+MID = replace(QWEN3_8B, num_hidden_layers=4)  # Qwen3-8B's widths, 4 layers
+CALLS = 8  # decode steps per timed repeat, each waited for; a repeat's value: its median step
+EAGER_REPEATS = 10  # eager: the fastest 10 of 30 repeats (step_ms(fastest=True))
 # --8<-- [end:configs]
 
 
@@ -66,7 +68,8 @@ def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> l
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS)  # noqa: B023
+        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS,  # noqa: B023
+                        repeats=EAGER_REPEATS, fastest=True)  # fmt: skip
         # a shorter settling time: a replay is mostly GPU time
         graph = step_ms(lambda: graphed(tokens, at), calls=CALLS, settle_s=0.25)  # noqa: B023
         rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,

@@ -62,7 +62,8 @@ def launch(windows, model):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(worker, args=(world, port, windows, model.state_dict(), out), nprocs=world)
+        args = (world, port, windows, model.state_dict(), out)
+        mp.start_processes(worker, args=args, nprocs=world, start_method="fork")  # as ddp_no_sync
         return [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
 
 
