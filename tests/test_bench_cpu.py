@@ -198,10 +198,10 @@ def test_settle_waits_for_the_clocks_to_drop_and_hold(monkeypatch):
 
 
 def test_settle_waits_out_a_fast_phase_that_nvml_sees(monkeypatch, tmp_path):
-    """With NVML: steady chunks while the GPU draws near its limit uncapped (after a long idle
-    the fast phase outlasted 2 s) do not end settling; the SW power cap does, and so does a draw
-    well under the limit (work the cap never reaches). A fast phase that never ends stops at
-    min_s + POWER_EXTRA_S, traced."""
+    """With NVML, in a long settle (min_s >= POWER_MIN_S): steady chunks while the GPU draws near
+    its limit uncapped (after a long idle the fast phase outlasted 2 s) do not end settling; the
+    SW power cap does, and so does a draw well under the limit (work the cap never reaches). A
+    fast phase that never ends stops at min_s + POWER_EXTRA_S, traced. Short settles ignore it."""
     clock = [0.0]
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
     trace = tmp_path / "trace.tsv"
@@ -212,14 +212,16 @@ def test_settle_waits_out_a_fast_phase_that_nvml_sees(monkeypatch, tmp_path):
         return 176.0 if clock[0] < 3.0 else 208.0  # fast, steady, for 3 s; then capped
 
     monkeypatch.setattr(bench, "_power", lambda: (clock[0] >= 3.0, 0.97))
-    assert bench._settle(chunk, 0.5) == pytest.approx(3.1, abs=0.051)  # 3 chunks after the cap
+    assert bench._settle(chunk, 1.0) == pytest.approx(3.1, abs=0.051)  # 3 chunks after the cap
+    clock[0] = 0.0  # a short settle (after other work) goes by the chunks alone
+    assert bench._settle(chunk, 0.5) == pytest.approx(0.5, abs=0.051)
     clock[0] = 0.0
     monkeypatch.setattr(bench, "_power", lambda: (False, 0.6))  # small work: never capped
-    assert bench._settle(chunk, 0.5) == pytest.approx(0.5, abs=0.051)
+    assert bench._settle(chunk, 1.0) == pytest.approx(1.0, abs=0.051)
     clock[0] = -100.0  # the fast phase never ends
     monkeypatch.setattr(bench, "_power", lambda: (False, 0.97))
-    spent = bench._settle(chunk, 0.5)
-    assert spent == pytest.approx(0.5 + bench.POWER_EXTRA_S, abs=0.051)
+    spent = bench._settle(chunk, 1.0)
+    assert spent == pytest.approx(1.0 + bench.POWER_EXTRA_S, abs=0.051)
     assert "gave up in the fast phase: draw 97% of the limit" in trace.read_text()
 
 

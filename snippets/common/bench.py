@@ -91,7 +91,8 @@ SETTLE_TOL = 0.02  # settled: the last three chunks within ±2 % of their median
 # power-capped matmul's 40 ms chunks still varied ±2-3 %; the drop they wait out is ~15 %)
 SETTLE_EXTRA_S = 2.0  # at most this long past the minimum
 POWER_NEAR = 0.9  # drawing this share of the enforced limit, uncapped: the fast phase
-POWER_EXTRA_S = 6.0  # at most this long past the minimum while the fast phase lasts
+POWER_EXTRA_S = 4.0  # at most this long past the minimum while the fast phase lasts
+POWER_MIN_S = 1.0  # settles this long or longer (after idle: a process's first) read NVML
 SW_POWER_CAP = 0x4  # nvmlClocksEventReasonSwPowerCap: the driver lowers clocks to the limit
 
 
@@ -139,10 +140,13 @@ def _settle(chunk, min_s: float) -> float:
     about 15 % fast before the clocks dropped to the state they then hold (176 vs 208 µs): for
     0.2 s after other work, for about 1.1 s after the GPU had idled, and after a long idle for
     more than 2 s (as a power limit on a running average of the draw would); a timing that
-    straddles the drop spread 5-15 %. That fast phase looks steady too, so where NVML can be
-    read, steady chunks count only once the power state is one that holds: the SW power cap
-    active, or a draw under POWER_NEAR of the limit (work that the cap never reaches); while
-    the GPU draws near its limit uncapped, settling goes on, for at most POWER_EXTRA_S."""
+    straddles the drop spread 5-15 %. That fast phase looks steady too, so in a settle of at
+    least POWER_MIN_S (the long ones, after idle) where NVML can be read, steady chunks count
+    only once the power state is one that holds: the SW power cap active, or a draw under
+    POWER_NEAR of the limit (work that the cap never reaches); while the GPU draws near its
+    limit uncapped, settling goes on, for at most POWER_EXTRA_S. Short settles, after other
+    work, go by the chunks alone: attention kernels drew 96-98 % of the limit for seconds
+    without the cap engaging, and waiting on each stretched one post's settling to 28 s."""
     t0 = time.perf_counter()
     times: list[float] = []
     while True:
@@ -151,7 +155,7 @@ def _settle(chunk, min_s: float) -> float:
         last = sorted(times[-3:])
         steady = len(last) == 3 and last[2] - last[0] <= 2 * SETTLE_TOL * last[1]
         fast_phase = False
-        if spent >= min_s and (power := _power()) is not None:
+        if spent >= min_s >= POWER_MIN_S and (power := _power()) is not None:
             capped, draw = power
             fast_phase = not capped and draw >= POWER_NEAR
         if spent >= min_s and steady and not fast_phase:
