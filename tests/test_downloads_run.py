@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KINDS = {
     "kv-cache": "formulas, data files and computed records",
     "triton-kernels": "Triton kernels in the interpreter (fp32 on the CPU)",
-    "gradient-accumulation": "worker processes forked by torch.multiprocessing (gloo ranks)",
+    "gradient-accumulation": "gloo ranks from torch.multiprocessing's forkserver",
 }
 CPU = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
 

@@ -23,7 +23,9 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 4 laye
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=4)  # Qwen3-8B's widths, 4 layers
 CALLS = 8  # decode steps per timed repeat, each waited for; a repeat's value: its median step
-EAGER_REPEATS = 10  # eager: the fastest 10 of 30 repeats (step_ms(fastest=True))
+EAGER_REPEATS, EAGER_CALLS = 15, 4  # eager: the fastest 15 of 45 repeats of 4 steps
+# (step_ms(fastest=True)); at 10 of 30 repeats of 8 steps one row spread ±12 %: the host
+# was fast for less than a third of the timing
 # eager settles 1 s, the process's first eager timing 3 s: the host was slow longer after
 # the first models were built (the first row spread ±6.7 %, the others ±1 %)
 EAGER_SETTLE_S = iter([3.0])
@@ -71,7 +73,7 @@ def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> l
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=CALLS,  # noqa: B023
+        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=EAGER_CALLS,  # noqa: B023
                         repeats=EAGER_REPEATS, fastest=True,
                         settle_s=next(EAGER_SETTLE_S, 1.0))  # fmt: skip
         # a shorter settling time: a replay is mostly GPU time

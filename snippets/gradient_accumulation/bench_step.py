@@ -76,11 +76,11 @@ while time.perf_counter() - t0 < 1.0:  # a second of steps: the clocks settle un
     for step in runs:
         step()
         torch.cuda.synchronize()
-# GPU time of the steps' kernels, one step (~0.1 s) a repeat, the five k in turn within each
-# repeat: the GPU sits at its power limit and its clock wanders; timed one k after another,
-# k = 2 and 4 spread ±5-7 %, taken in turn the clock's wandering reaches every k alike.
-# No further warm-up: every step has run for the second above.
-times = kernel_ms_each(runs, calls=1, warmup=0)
+# GPU time of the steps' kernels, two steps a repeat, the five k in turn within each repeat:
+# the GPU sits at its power limit and its clock wanders; timed one k after another, k = 2
+# and 4 spread ±5-7 %, taken in turn the clock's wandering reaches every k alike (at one step
+# a repeat, k = 1 and 16 spread ±7-8 %). No further warm-up: every step ran in the second above.
+times = kernel_ms_each(runs, calls=2, warmup=0)
 steps = []
 for k, peak, ms in zip(KS, peaks, times, strict=True):
     achieved = rate(6 * n_params * TOKENS, ms)  # matmul FLOPs: forward 2NT + backward 4NT

@@ -15,9 +15,12 @@ with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
 with tempfile.TemporaryDirectory() as out:
-    # fork: the ranks inherit torch instead of importing it again (seconds on a GPU machine);
-    # they only use the CPU (gloo), so a parent that has started CUDA is fine
-    mp.start_processes(worker, args=(WORLD, port, K, out), nprocs=WORLD, start_method="fork")
+    # forkserver: the ranks fork from one clean server process that imports torch once (spawn
+    # imports it in every rank, seconds each on a GPU machine); plain fork would copy this
+    # process's CUDA state, which a child cannot use (DDP's set-up touched it and failed)
+    mp.set_forkserver_preload(["torch"])
+    mp.start_processes(worker, args=(WORLD, port, K, out), nprocs=WORLD,
+                       start_method="forkserver")  # fmt: skip
     ranks = [torch.load(Path(out) / f"rank{r}.pt") for r in range(WORLD)]
 
 for use_no_sync in (False, True):

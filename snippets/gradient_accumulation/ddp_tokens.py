@@ -63,7 +63,8 @@ def launch(windows, model):
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
         args = (world, port, windows, model.state_dict(), out)
-        mp.start_processes(worker, args=args, nprocs=world, start_method="fork")  # as ddp_no_sync
+        mp.set_forkserver_preload(["torch"])  # as ddp_no_sync
+        mp.start_processes(worker, args=args, nprocs=world, start_method="forkserver")
         return [torch.load(Path(out) / f"rank{r}.pt") for r in range(world)]
 
 
