@@ -321,7 +321,8 @@ def test_switch_loss_is_the_shared_model_loss_over_k():
     r = route(logits, MoeConfig(hidden=1, experts=8, top_k=2, inter=1))
     shared = load_balancing_loss([logits], 8, 2)
     # the shared model computes in fp32 (logits.float()): compare at fp32 resolution
-    torch.testing.assert_close(switch_aux_loss(r.scores, r.experts) * 2, shared.double(), rtol=1e-6, atol=0)
+    ours = switch_aux_loss(r.scores, r.experts) * 2
+    torch.testing.assert_close(ours.double(), shared.double(), rtol=1e-6, atol=0)
 
 
 def test_balance_losses_are_one_when_uniform_and_grow_with_skew():
