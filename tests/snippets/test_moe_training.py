@@ -375,3 +375,126 @@ def test_bias_update_moves_toward_balance():
     last = max_over_mean(expert_load(route(logits, cfg, bias).experts, 8))
     # fixed-size sign steps keep oscillating around balance; the excess over 1 must shrink 4x
     assert first > 1.5 and last - 1 < (first - 1) / 4
+
+
+# ------------------------------------------------------------------ Triton: permute, grouped GEMM
+# The CPU runs these in Triton's interpreter (TRITON_INTERPRET=1) in fp32; on the GPU the same
+# tests run in bf16. Tolerances: the kernels and the references read the same inputs and sum in
+# fp32, so in fp32 they differ only by the order of the sums (<= 64 terms of |x| <= ~10: a few
+# ulp of the largest partial sum, under 1e-5 absolute); in bf16 the output is rounded once more
+# (8 mantissa bits: 2^-8 relative) plus the same order effects. On the GPU an fp32 tl.dot runs
+# in TF32 (10 mantissa bits, each product 2^-11 relative): 5e-3 covers a 48-term sum of them.
+from snippets.common.device import DEVICE, ON_GPU  # noqa: E402
+from snippets.moe_training.fast import moe_forward_fast  # noqa: E402
+from snippets.moe_training.grouped_gemm import (  # noqa: E402
+    group_offsets,
+    grouped_linear,
+    grouped_mm,
+    grouped_mm_loop,
+    tile_schedule,
+)
+from snippets.moe_training.permute import (  # noqa: E402
+    permute,
+    permute_reference,
+    routing_map,
+    unpermute,
+    unpermute_reference,
+)
+
+DTYPES = [torch.bfloat16] if ON_GPU else [torch.float32]
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2**-8, "atol": 1e-3}}
+TF32 = {"rtol": 5e-3, "atol": 5e-3}
+
+
+def _routing(t, k, e, empty=(), seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    allowed = torch.tensor([i for i in range(e) if i not in empty])
+    picks = [allowed[torch.randperm(len(allowed), generator=gen)[:k]] for _ in range(t)]
+    return torch.stack(picks).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("drop", [False, True])
+def test_permute_and_unpermute_match_the_reference(dtype, drop):
+    t, k, e, h = 29, 3, 8, 72
+    experts = _routing(t, k, e, empty=(2, 5))
+    gen = torch.Generator(device=DEVICE).manual_seed(1)
+    kept = (torch.rand(t, k, generator=gen, device=DEVICE) > 0.25) if drop else None
+    x = torch.randn(t, h, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    w = torch.rand(t, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    rmap = routing_map(experts, e, kept)
+    assert rmap.counts[2] == 0 and rmap.counts[5] == 0  # experts that receive no tokens
+    xp = permute(x, rmap)
+    ref, order = permute_reference(x, experts, kept)
+    assert torch.equal(rmap.order, order) and torch.equal(xp, ref)  # a gather is exact
+    assert torch.equal(rmap.offsets[1:].long(), rmap.counts.cumsum(0))
+    out = unpermute(xp * 3, w, rmap)
+    want = unpermute_reference(ref * 3, w, order, t)
+    torch.testing.assert_close(out, want, **TOL[dtype])
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [x, w], g)
+    exp = torch.autograd.grad(want, [x, w], g)
+    for a, b in zip(got, exp, strict=True):
+        torch.testing.assert_close(a, b, **TOL[dtype])
+    if drop:  # a dropped slot gets no gradient for its weight
+        assert (got[1][~kept] == 0).all()
+
+
+def test_tile_schedule_covers_every_row_once():
+    counts = torch.tensor([5, 0, 37, 1, 17, 0, 32])
+    offsets = group_offsets(counts)
+    group, first, num = tile_schedule(offsets, int(counts.sum()), 16)
+    n = int(num)
+    assert n == sum(-(-c // 16) for c in counts.tolist())
+    assert len(group) >= n  # the grid's bound: ceil(M / BM) + G
+    covered = []
+    for g, r in zip(group[:n].tolist(), first[:n].tolist(), strict=True):
+        end = int(offsets[g + 1])
+        covered += list(range(r, min(r + 16, end)))
+        assert int(offsets[g]) <= r < end
+    assert covered == list(range(int(counts.sum())))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("counts", [[5, 0, 37, 1, 17, 0, 20], [0, 0, 16], [16, 16, 16, 16]])
+def test_grouped_gemm_forward_and_backward(dtype, counts):
+    counts_t = torch.tensor(counts, device=DEVICE)
+    m, k, n, g = sum(counts), 48, 40, len(counts)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(m, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    w = torch.randn(g, n, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    y = grouped_linear(x, w, group_offsets(counts_t))
+    want = grouped_mm_loop(x.float(), w.float(), counts)  # fp32 reference
+    torch.testing.assert_close(y.float(), want, **TOL[dtype])
+    dy = torch.randn(m, n, device=DEVICE, dtype=dtype, generator=gen)
+    dx, dw = torch.autograd.grad(y, [x, w], dy)
+    ex, ew = torch.autograd.grad(want, [x, w], dy.float())
+    torch.testing.assert_close(dx.float(), ex, **TOL[dtype])
+    torch.testing.assert_close(dw.float(), ew, **TOL[dtype])
+    for e, c in enumerate(counts):
+        if c == 0:  # an expert with no rows: a zero weight gradient, not garbage
+            assert (dw[e] == 0).all()
+
+
+def test_grouped_gemm_rejects_bad_shapes():
+    x = torch.randn(10, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="do not fit"):
+        grouped_mm(x, torch.randn(3, 4, 9, device=DEVICE), group_offsets(torch.tensor([5, 5, 0], device=DEVICE)))
+    with pytest.raises(ValueError, match="do not fit"):
+        grouped_mm(x, torch.randn(3, 4, 8, device=DEVICE), group_offsets(torch.tensor([10], device=DEVICE)))
+
+
+@pytest.mark.parametrize("cf", [None, 0.75])
+def test_fast_layer_equals_the_reference_layer(cf):
+    torch.manual_seed(3)
+    cfg = MoeConfig(hidden=32, experts=8, top_k=2, inter=16, shared_inter=16, capacity_factor=cf)
+    layer = MoeLayer(cfg).to(DEVICE)
+    x = torch.randn(48, 32, device=DEVICE, requires_grad=True)
+    want, _, _ = layer(x)
+    got, _ = moe_forward_fast(layer, x)
+    tol = TF32 if ON_GPU else TOL[torch.float32]
+    torch.testing.assert_close(got, want, **tol)
+    g = torch.randn_like(want)
+    params = [x, layer.gate_up_proj, layer.down_proj, layer.gate.weight]
+    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), strict=True):
+        torch.testing.assert_close(a, b, **tol)
