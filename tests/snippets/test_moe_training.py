@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from snippets.common.models.qwen3 import Kernels
 from snippets.common.models.qwen3_moe import (
     QWEN3_30B_A3B,
     TINY_MOE,
@@ -21,7 +22,6 @@ from snippets.common.models.qwen3_moe import (
     count_parameters,
     load_balancing_loss,
 )
-from snippets.common.models.qwen3 import Kernels
 from snippets.moe_training.accounting import (
     MODELS,
     moe_activation_elems,
@@ -56,7 +56,9 @@ def _qwen_model(cfg):
     return MoeModel("x", "qwen3_moe", fields, {}, (), 1)
 
 
-@pytest.mark.parametrize("cfg", [QWEN3_30B_A3B, TINY_MOE, replace(TINY_MOE, tie_word_embeddings=True)])
+@pytest.mark.parametrize(
+    "cfg", [QWEN3_30B_A3B, TINY_MOE, replace(TINY_MOE, tie_word_embeddings=True)]
+)
 def test_qwen3_layout_equals_the_shared_model_built_on_meta(cfg):
     # two independent counts: our closed form, and the shared model's parameters (meta device)
     ours = parameters(shape_of(_qwen_model(cfg)))
@@ -251,7 +253,9 @@ def test_bias_changes_the_choice_not_the_weights():
     cfg = MoeConfig(hidden=1, experts=4, top_k=1, inter=1, scoring="sigmoid", norm_topk_prob=False)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     r = route(logits, cfg, torch.tensor([0.0, 0.0, 0.0, 5.0]))
-    assert r.experts.item() == 3 and math.isclose(r.weights.item(), torch.sigmoid(torch.tensor(-1.0)).item(), rel_tol=1e-6)
+    assert r.experts.item() == 3 and math.isclose(
+        r.weights.item(), torch.sigmoid(torch.tensor(-1.0)).item(), rel_tol=1e-6
+    )
 
 
 def test_capacity_and_dropping():
@@ -262,7 +266,13 @@ def test_capacity_and_dropping():
     # every token picks expert 0 first, expert 1 second: capacity 2 keeps the first two of each
     experts = torch.tensor([[0, 1]] * 5)
     kept = keep_mask(experts, 2)
-    assert kept.tolist() == [[True, True], [True, True], [False, False], [False, False], [False, False]]
+    assert kept.tolist() == [
+        [True, True],
+        [True, True],
+        [False, False],
+        [False, False],
+        [False, False],
+    ]
     # first choices are served before second choices
     experts = torch.tensor([[1, 0], [0, 1], [0, 1]])
     # rank 0 fills expert 0 (tokens 1, 2); token 0's second choice (0) is dropped, token 2's (1)
@@ -479,9 +489,15 @@ def test_grouped_gemm_forward_and_backward(dtype, counts):
 def test_grouped_gemm_rejects_bad_shapes():
     x = torch.randn(10, 8, device=DEVICE)
     with pytest.raises(ValueError, match="do not fit"):
-        grouped_mm(x, torch.randn(3, 4, 9, device=DEVICE), group_offsets(torch.tensor([5, 5, 0], device=DEVICE)))
+        grouped_mm(
+            x,
+            torch.randn(3, 4, 9, device=DEVICE),
+            group_offsets(torch.tensor([5, 5, 0], device=DEVICE)),
+        )
     with pytest.raises(ValueError, match="do not fit"):
-        grouped_mm(x, torch.randn(3, 4, 8, device=DEVICE), group_offsets(torch.tensor([10], device=DEVICE)))
+        grouped_mm(
+            x, torch.randn(3, 4, 8, device=DEVICE), group_offsets(torch.tensor([10], device=DEVICE))
+        )
 
 
 @pytest.mark.parametrize("cf", [None, 0.75])
@@ -496,5 +512,7 @@ def test_fast_layer_equals_the_reference_layer(cf):
     torch.testing.assert_close(got, want, **tol)
     g = torch.randn_like(want)
     params = [x, layer.gate_up_proj, layer.down_proj, layer.gate.weight]
-    for a, b in zip(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), strict=True):
+    for a, b in zip(
+        torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), strict=True
+    ):
         torch.testing.assert_close(a, b, **tol)
