@@ -516,3 +516,95 @@ def test_fast_layer_equals_the_reference_layer(cf):
         torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), strict=True
     ):
         torch.testing.assert_close(a, b, **tol)
+
+
+# ------------------------------------------------------------------ FP8 and the benchmark code
+from snippets.common.results import Stat  # noqa: E402
+from snippets.moe_training.fp8 import (  # noqa: E402
+    dequantize,
+    grouped_mm_fp8,
+    quantize_blocks,
+    quantize_rows,
+)
+from snippets.moe_training.measure import (  # noqa: E402
+    IMPLS,
+    measure_fp8,
+    measure_grouped,
+    ratios,
+    zipf_counts,
+)
+
+
+def test_fp8_kernel_equals_the_dequantized_product():
+    counts = [40, 0, 9, 23]
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(sum(counts), 256, device=DEVICE, generator=gen)
+    w = torch.randn(4, 128, 256, device=DEVICE, generator=gen) * 256**-0.5
+    xq, xs = quantize_rows(x)
+    wq, ws = quantize_blocks(w)
+    assert xs.shape == (72, 2) and ws.shape == (4, 1, 2)
+    assert xq.float().abs().max() <= 448  # every tile scaled into e4m3's range
+    y = grouped_mm_fp8(xq, xs, wq, ws, group_offsets(torch.tensor(counts, device=DEVICE)),
+                       out_dtype=torch.float32)  # fmt: skip
+    xd, wd = dequantize(xq, xs, wq, ws)
+    want = grouped_mm_loop(xd, wd, counts)
+    # same fp32 products of the same values, summed per 128-block then scaled: order only
+    torch.testing.assert_close(y, want, **(TF32 if ON_GPU else {"rtol": 1e-5, "atol": 1e-5}))
+    # e4m3 keeps 3 mantissa bits: each element within 2^-4 relative of x (half an ulp)
+    assert ((xd - x).abs() <= x.abs() * 2**-4 + xs.repeat_interleave(128, 1) * 2**-9).all()
+
+
+def test_fp8_rejects_shapes_off_the_128_grid():
+    with pytest.raises(ValueError, match="multiple of 128"):
+        quantize_rows(torch.randn(4, 100))
+    with pytest.raises(ValueError, match="multiples of 128"):
+        quantize_blocks(torch.randn(2, 64, 128))
+
+
+def test_zipf_counts():
+    assert zipf_counts(100, 4, 0.0) == [25, 25, 25, 25]
+    c = zipf_counts(1000, 8, 1.0)
+    assert sum(c) == 1000 and c == sorted(c, reverse=True) and c[0] > 2.5 * c[7]
+
+
+def _stub_times(fns):
+    return [(f(), Stat.of([1.0, 1.1, 1.0, 1.2, 1.0], "gpu-kernels"))[1] for f in fns]
+
+
+def test_benchmark_code_runs_at_tiny_shapes():
+    rows = measure_grouped({"balanced": 0.0, "zipf-1": 1.0}, 64, 4, 32, 32, DEVICE,
+                           torch.float32, _stub_times, skip=("torch_grouped_mm",))  # fmt: skip
+    assert len(rows) == 2 * 2 * (len(IMPLS) - 1)
+    assert {r["pass"] for r in rows} == {"forward", "backward"}
+    r = ratios(rows)
+    assert len(r) == 4 and all("of_dense" in x and "of_loop" in x for x in r)
+    base = torch.bfloat16 if ON_GPU else torch.float32
+    fp8 = measure_fp8({"balanced": 0.0}, 32, 2, 128, 128, DEVICE, _stub_times, base=base)
+    errs = {x["format"]: x["rel_error"] for x in fp8}
+    assert errs["base"] < (2**-8 if ON_GPU else 1e-5)  # bf16: one rounding; fp32: sum order
+    assert 0.005 < errs["fp8"] < 0.1  # e4m3: 3 mantissa bits
+
+
+def test_balancing_experiment_runs_on_the_stand_in():
+    from snippets.moe_training.balance_run import METHODS, curves, run, summarize
+
+    runs = [run(m, 0, steps=3, eval_tokens=128) for m in METHODS]
+    # the same initial weights: at step 0 the sigmoid runs see the same routing (bias 0)
+    assert runs[1]["lm_loss"][0] == runs[2]["lm_loss"][0]
+    assert runs[1]["max_over_mean"][0] == runs[2]["max_over_mean"][0]
+    assert all(len(r["max_over_mean"]) == 3 and r["max_over_mean"][0] >= 1 for r in runs)
+    s = summarize(runs, tail=2)
+    assert [x["method"] for x in s] == list(METHODS)
+    assert len(curves(runs, every=2)) == 2 * len(METHODS)
+
+
+def test_trained_moe_load_on_the_stand_in():
+    from snippets.common.corpus import token_streams
+    from snippets.common.train import rows, trained
+    from snippets.moe_training.balance_run import trained_load
+
+    shared = trained("moe")
+    held = rows(token_streams()[1], 32)[:8].to(DEVICE)
+    load = trained_load(shared.model, held, 4)
+    assert len(load) == shared.config.num_hidden_layers
+    assert all(x["max_over_mean"] >= 1 >= x["min_over_mean"] >= 0 for x in load)
