@@ -38,6 +38,7 @@ class MoeDataError(ValueError):
     """Bad model data. Message: '<file>:<line>: model '<id>': field '<field>': <problem>'."""
 
 
+# --8<-- [start:config]
 @dataclass(frozen=True)
 class Published:
     """A printed figure: its value and the unit of its last printed digit (both in params)."""
@@ -56,6 +57,9 @@ class MoeModel:
     published: dict[str, Published]
     sources: tuple[str, ...]
     line: int
+
+
+# --8<-- [end:config]
 
 
 def _fail(path: Path, node, model: str, field: str, problem: str) -> NoReturn:
