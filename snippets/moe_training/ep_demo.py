@@ -60,5 +60,5 @@ print(checks)
 #> {'out': True, 'dx': True, 'd_experts': True, 'd_router': True}
 sent = torch.tensor([r["sent"] for r in ranks])  # rows rank i sent to rank j
 print(sent.sum().item() == WORLD * TOKENS * CFG.top_k, (sent.sum() - sent.trace()).item())
-#> True 183
+#> True 208
 # --8<-- [end:compare]
