@@ -19,7 +19,7 @@ def switch_aux_loss(scores: torch.Tensor, experts: torch.Tensor) -> torch.Tensor
     the T*k assignments that went to expert i and P_i the mean router probability of expert i.
     1 when the load and the probabilities are uniform; its gradient reaches the router through
     P_i only (f_i comes from a top-k, which has none)."""
-    t, e = scores.shape
+    e = scores.shape[1]
     p = _wide(scores).mean(dim=0)
     f = torch.bincount(experts.flatten(), minlength=e).to(p.dtype) / experts.numel()
     return e * (f * p).sum()

@@ -1,5 +1,6 @@
-"""The load-balancing experiment: the shared MoE's shape and training recipe (data/trained_models.yaml
-`moe`; its CPU stand-in where there is no CUDA), trained from the same initial weights three ways:
+"""The load-balancing experiment: the shared MoE's shape and training recipe
+(data/trained_models.yaml `moe`; its CPU stand-in where there is no CUDA), trained from the
+same initial weights three ways:
 
     aux-loss   softmax routing + the Switch load-balancing loss (coefficient 0.001), as the
                shared model is trained
@@ -142,7 +143,8 @@ def heldout_loss(model, held, batch_size) -> float:
         ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if ids.is_cuda else nullcontext())
         with ctx:
             h, _ = model.hidden_states(ids)
-            total += model.kernels.loss(h[:, :-1], model.lm_head.weight, ids[:, 1:]).item() * len(batch)
+            lm = model.kernels.loss(h[:, :-1], model.lm_head.weight, ids[:, 1:])
+            total += lm.item() * len(batch)
     model.train()
     return total / len(held)
 
@@ -186,7 +188,8 @@ def trained_load(model: Qwen3MoeForCausalLM, held: torch.Tensor, batch_size: int
         for i, lg in enumerate(logits):
             chosen = torch.softmax(lg.float(), -1).topk(cfg.num_experts_per_tok, -1).indices
             counts[i] += torch.bincount(chosen.flatten(), minlength=cfg.num_experts)
-    return [{"layer": i, "max_over_mean": max_over_mean(c), "min_over_mean": (c.min() / c.mean()).item()}
+    return [{"layer": i, "max_over_mean": max_over_mean(c),
+             "min_over_mean": (c.min() / c.mean()).item()}
             for i, c in enumerate(counts)]  # fmt: skip
 
 

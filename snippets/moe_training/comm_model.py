@@ -106,9 +106,10 @@ def low_latency_us(tokens, hidden, top_k, ranks, nvlink, rdma, row_bytes, fixed_
 # 7168, top-4 groups, top-8 of 256 experts, FP8 dispatch, BF16 combine; low-latency kernels
 # with 128 tokens, top-8, FP8 dispatch, BF16 combine.
 PUBLISHED_NORMAL = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}  # GB/s
+# us and GB/s of dispatch, then of combine
 PUBLISHED_LL = {8: (77, 98, 114, 127), 16: (118, 63, 195, 74), 32: (155, 48, 273, 53),
-                64: (173, 43, 314, 46), 128: (192, 39, 369, 39), 256: (194, 39, 360, 40)}
-# us and GB/s of dispatch, then of combine  # fmt: skip
+                64: (173, 43, 314, 46), 128: (192, 39, 369, 39),
+                256: (194, 39, 360, 40)}  # fmt: skip
 H, NVL, IB = 7168, LINKS["h800-nvlink"], LINKS["cx7-ib-400g"]
 DISPATCH_ROW, COMBINE_ROW = H + H / 128 * 4 + 16, 2 * H  # tests/legacy/test_low_latency.py
 
@@ -132,8 +133,8 @@ for ranks, (d_us, d_pub, c_us, c_pub) in PUBLISHED_LL.items():
         us, gbps = low_latency_us(128, H, 8, ranks, NVL, IB, row, FIXED[kind])
         rows.append({"kernel": "low-latency", "kind": kind, "ep": ranks, "published_gbps": pub,
                      "model_gbps": gbps, "ratio": gbps / pub, "published_us": us_pub,
-                     "model_us": us, "fitted": ranks == 256})  # fmt: skip
-checked = [r for r in rows if not r.get("fitted")]
+                     "model_us": us, "fitted": "拟合" if ranks == 256 else "预测"})  # fmt: skip
+checked = [r for r in rows if r.get("fitted") != "拟合"]
 print(len(checked), all(0.7 <= r["ratio"] <= 1.3 for r in checked))
 #> 18 True
 print({k: round(v) for k, v in FIXED.items()})
@@ -146,15 +147,16 @@ print({k: round(v) for k, v in FIXED.items()})
 H200_NVL = LINKS["h200-nvlink"]
 predict = []
 for ranks in (8, 16, 32, 64):
-    predict.append({"kernel": "normal", "ep": ranks,
+    predict.append({"ep": ranks,
                     "h800_gbps": normal_kernel_gbps(4096, H, 256, ranks, NVL, IB),
-                    "h200_gbps": normal_kernel_gbps(4096, H, 256, ranks, H200_NVL, IB)})  # fmt: skip
+                    "h200_gbps": normal_kernel_gbps(4096, H, 256, ranks, H200_NVL,
+                                                    IB)})  # fmt: skip
+predict_ll = []
 for ranks in (8, 16, 64, 256):
     for kind, row in (("dispatch", DISPATCH_ROW), ("combine", COMBINE_ROW)):
         h800 = low_latency_us(128, H, 8, ranks, NVL, IB, row, FIXED[kind])[0]
         h200 = low_latency_us(128, H, 8, ranks, H200_NVL, IB, row, FIXED[kind])[0]
-        predict.append({"kernel": f"low-latency {kind}", "ep": ranks, "h800_us": h800,
-                        "h200_us": h200})  # fmt: skip
+        predict_ll.append({"kind": kind, "ep": ranks, "h800_us": h800, "h200_us": h200})
 for p in predict[:4]:
     print(p["ep"], round(p["h800_gbps"]), round(p["h200_gbps"]))
     #> 8 183 515
@@ -170,11 +172,13 @@ for ranks in (8, 16, 32, 64, 256):
     for dedup in (False, True):
         v = a2a_bytes_per_token(DSV3["hidden"], DSV3["experts"], DSV3["top_k"], ranks, dedup)
         volumes.append({"ep": ranks, "dedup": dedup, "rows": v["rows"],
-                        "dispatch_kib": v["dispatch"] / 1024, "combine_kib": v["combine"] / 1024})  # fmt: skip
+                        "dispatch_kib": v["dispatch"] / 1024,
+                        "combine_kib": v["combine"] / 1024})  # fmt: skip
 # --8<-- [end:per_token]
 
 computed_result("moe-training", "comm-model", {
-    "deepep": rows, "fixed_us": FIXED, "predict": predict, "volumes": volumes,
+    "deepep": rows, "fixed_us": FIXED, "predict": predict, "predict_ll": predict_ll,
+    "volumes": volumes,
     "links": {"h800_nvlink": NVL, "ib": IB, "h200_nvlink": H200_NVL},
     "worst_ratio": max(abs(r["ratio"] - 1) for r in checked),
 })  # fmt: skip

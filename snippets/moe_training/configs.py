@@ -19,10 +19,10 @@ DEFAULT_PATH = Path(__file__).resolve().parents[2] / "data" / "moe_models.yaml"
 _COMMON = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
            "num_experts_per_tok", "tie_word_embeddings")  # fmt: skip
 FAMILIES = {  # family -> the config fields it requires (no others are accepted)
-    "qwen3_moe": _COMMON + ("num_key_value_heads", "head_dim", "num_experts",
+    "qwen3_moe": (*_COMMON,"num_key_value_heads", "head_dim", "num_experts",
                             "moe_intermediate_size", "norm_topk_prob"),
-    "mixtral": _COMMON + ("num_key_value_heads", "num_local_experts", "intermediate_size"),
-    "deepseek_v3": _COMMON + ("intermediate_size", "moe_intermediate_size",
+    "mixtral": (*_COMMON,"num_key_value_heads", "num_local_experts", "intermediate_size"),
+    "deepseek_v3": (*_COMMON,"intermediate_size", "moe_intermediate_size",
                               "first_k_dense_replace", "q_lora_rank", "kv_lora_rank",
                               "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                               "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
@@ -112,7 +112,8 @@ def _config(path, node, model, family) -> dict:
     experts = out.get("num_experts", out.get("num_local_experts", out.get("n_routed_experts")))
     if out["num_experts_per_tok"] > experts:
         _fail(path, fields["num_experts_per_tok"][1], model, "num_experts_per_tok",
-              f"{out['num_experts_per_tok']} experts per token, but only {experts} experts")  # fmt: skip
+              f"{out['num_experts_per_tok']} experts per token, but only {experts} "
+              "experts")  # fmt: skip
     if family == "deepseek_v3":
         if out["scoring_func"] not in ("sigmoid", "softmax"):
             _fail(path, fields["scoring_func"][1], model, "scoring_func", "sigmoid or softmax")

@@ -50,9 +50,11 @@ per = CFG.experts // WORLD
 checks = {
     "out": all(torch.allclose(r["out"], ref["out"][i]) for i, r in enumerate(ranks)),
     "dx": all(torch.allclose(r["dx"], ref["dx"][i]) for i, r in enumerate(ranks)),
-    "d_experts": all(torch.allclose(r["dgate_up"], ref["dgate_up"][i * per : (i + 1) * per])
-                     and torch.allclose(r["ddown"], ref["ddown"][i * per : (i + 1) * per])
-                     for i, r in enumerate(ranks)),  # fmt: skip
+    "d_experts": all(
+        torch.allclose(r["dgate_up"], ref["dgate_up"][i * per : (i + 1) * per])
+        and torch.allclose(r["ddown"], ref["ddown"][i * per : (i + 1) * per])
+        for i, r in enumerate(ranks)
+    ),
     # the router is replicated: its gradient is the sum over ranks (what DP's all-reduce does)
     "d_router": torch.allclose(sum(r["dgate"] for r in ranks), ref["dgate"]),
 }

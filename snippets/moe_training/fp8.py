@@ -86,7 +86,7 @@ def grouped_mm_fp8_kernel(X, XS, W, WS, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_
 def grouped_mm_fp8(xq, xs, wq, ws, offsets, out_dtype=torch.bfloat16):
     """xq [M, K] e4m3 rows sorted by group, xs [M, K/128]; wq [G, N, K], ws [G, N/128, K/128]."""
     m, k = xq.shape
-    g, n, _ = wq.shape
+    n = wq.shape[1]
     bm, bn, bk = (16, TILE, TILE) if INTERPRET else (128, TILE, TILE)
     out = torch.empty(m, n, device=xq.device, dtype=out_dtype)
     tile_group, tile_row, num = tile_schedule(offsets, m, bm)

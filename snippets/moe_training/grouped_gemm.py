@@ -62,7 +62,8 @@ DW_SHAPES = [(64, 128, 128, 8, 3), (128, 128, 64, 8, 3)]  # BM: rows per step of
 @triton.jit
 def grouped_mm_kernel(X, W, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
                       stride_xm, stride_wg, stride_wn, stride_wk, stride_om,
-                      K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
+                      K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr):  # fmt: skip
     pid_n = tl.program_id(0)  # N tiles vary fastest: neighbours share the same rows of X
     tile = tl.program_id(1)
     if tile < tl.load(NUM_TILES):
@@ -83,7 +84,8 @@ def grouped_mm_kernel(X, W, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
             x_ptr += BK
             w_ptr += BK * stride_wk
         o_ptr = OUT + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
-        tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=(rows[:, None] < end) & (cols[None, :] < N))
+        live = (rows[:, None] < end) & (cols[None, :] < N)
+        tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=live)
 
 
 @triton.autotune(configs=_configs(DW_SHAPES), key=["N", "K"])
@@ -117,7 +119,8 @@ def grouped_mm_dw_kernel(DY, X, DW, OFFSETS, N, K, stride_dym, stride_xm, stride
             x = tl.load(X + rows[:, None].to(tl.int64) * stride_xm + cols_k[None, :],
                         mask=live[:, None] & (cols_k[None, :] < K), other=0.0)  # fmt: skip
             acc = tl.dot(dy, x, acc)
-    out = DW + g.to(tl.int64) * stride_dwg + cols_n[:, None].to(tl.int64) * stride_dwn + cols_k[None, :]
+    out = (DW + g.to(tl.int64) * stride_dwg + cols_n[:, None].to(tl.int64) * stride_dwn
+           + cols_k[None, :])  # fmt: skip
     tl.store(out, acc.to(DW.dtype.element_ty), mask=(cols_n[:, None] < N) & (cols_k[None, :] < K))
 
 

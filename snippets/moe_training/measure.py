@@ -8,6 +8,8 @@ which come in as arguments; the tests run them on the CPU at tiny shapes with st
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from snippets.common.bench import rate
@@ -139,12 +141,13 @@ def measure_fp8(skews, rows, experts, k, n, device, times, base=torch.bfloat16):
         exact = grouped_mm_loop(x.float(), w.float(), counts)
         y8 = grouped_mm_fp8(xq, xs, wq, ws, offsets)
         y16 = grouped_mm(x, w, offsets)
-        stats = times([lambda: grouped_mm_fp8(xq, xs, wq, ws, offsets),
-                       lambda: grouped_mm(x, w, offsets)])  # fmt: skip
+        stats = times([partial(grouped_mm_fp8, xq, xs, wq, ws, offsets),
+                       partial(grouped_mm, x, w, offsets)])  # fmt: skip
         for fmt, y, stat in (("fp8", y8, stats[0]), ("base", y16, stats[1])):
             err = ((y.float() - exact).norm() / exact.norm()).item()
             out.append({"skew": name, "format": fmt, "ms": stat,
-                        "tflops": rate(2 * rows * n * k, stat) / 1e12, "rel_error": err})  # fmt: skip
+                        "tflops": rate(2 * rows * n * k, stat) / 1e12,
+                        "rel_error": err})  # fmt: skip
     return out
 
 

@@ -3,11 +3,12 @@ each expert reads one contiguous block of rows (permute), and put the expert out
 weighted, into token order (unpermute, the "combine"). Both backwards are gathers too: every
 output row is written by exactly one program, no atomics, so results are deterministic.
 
-    routing map  order [S]: the kept slots sorted by expert (slot = token * k + choice)
+    routing map  order [S]: the kept slots sorted by expert (slot = token * k + choice);
                  pos [T, k]: where slot (t, q) sits in the sorted rows, -1 when dropped
-    permute      xp[j]   = x[order[j] // k]                       backward: dx[t] = sum_q dxp[pos[t, q]]
-    unpermute    out[t]  = sum_q w[t, q] * y[pos[t, q]]           backward: dy[j] = w[slot j] * dout[token j]
-                                                                            dw[t, q] = <dout[t], y[pos[t, q]]>
+    permute      xp[j] = x[order[j] // k]
+                 backward: dx[t] = sum_q dxp[pos[t, q]]
+    unpermute    out[t] = sum_q w[t, q] * y[pos[t, q]]
+                 backward: dy[j] = w[slot j] * dout[token j], dw[t, q] = <dout[t], y[pos[t, q]]>
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def gather_rows_kernel(SRC, IDX, SCALE, OUT, stride_src, stride_out, k, N_COLS: 
 
 
 @triton.jit
-def combine_rows_kernel(SRC, POS, W, OUT, stride_src, stride_out, N_COLS: tl.constexpr, K: tl.constexpr,
+def combine_rows_kernel(SRC, POS, W, OUT, stride_src, stride_out, N_COLS: tl.constexpr,
+                        K: tl.constexpr,
                         HAS_W: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
     """OUT[t] = sum_q W[t, q] * SRC[POS[t, q]], skipping POS < 0; summed in fp32 in q order."""
     t = tl.program_id(0).to(tl.int64)
