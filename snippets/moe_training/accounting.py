@@ -198,4 +198,6 @@ for name, model in MODELS.items():
     #> deepseek-v3       5.6%   250.4 GFLOP/token  341.0 KiB/token/layer
 # --8<-- [end:per_token]
 
-computed_result("moe-training", "accounting", {"rows": rows, "models": per_model, "seq": SEQ})
+computed_result("moe-training", "accounting", {
+    "rows": rows, "models": per_model, "seq": SEQ,
+    "figures": len(rows), "agreeing": sum(r["agrees"] for r in rows)})  # fmt: skip
