@@ -1,0 +1,1 @@
+"""MoE 训练加速 (moe-training) snippets."""

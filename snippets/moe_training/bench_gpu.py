@@ -1,0 +1,73 @@
+"""On the H200 (nox -s gpu_docs): the grouped GEMM at Qwen3-30B-A3B's expert shape against a
+loop of matmuls, torch._grouped_mm and one dense GEMM of the same FLOPs, balanced and skewed,
+forward and backward; FP8 against bf16; the load-balancing experiment on the shared MoE's shape;
+the shared trained MoE's expert load. Writes results/moe-training/{grouped-gemm,fp8,balance}.json.
+
+Budget (60 s from a cold start): about 8 Triton compiles (the autotuned forward at two shapes,
+the weight-gradient kernel, the FP8 kernel) ~12 s; 16 bf16 timings and 4 FP8 timings in one
+profiler session (2 s settling, then ~0.3 s each) ~9 s; 9 training runs of 60 steps of 8192
+tokens (~25 ms a step with the reference layer's per-expert loop) ~14 s; loading the shared
+model, evaluation, start-up ~8 s.
+"""
+
+import torch
+
+from snippets.common.bench import kernel_ms_each
+from snippets.common.corpus import token_streams
+from snippets.common.hardware import gpu_for_device_name
+from snippets.common.models.trained_configs import load_trained_models
+from snippets.common.results import write_result
+from snippets.common.train import rows, trained
+from snippets.moe_training.balance_run import METHODS, curves, run, summarize, trained_load
+from snippets.moe_training.configs import load_moe_models
+from snippets.moe_training.measure import (
+    grouped_mm_available,
+    measure_fp8,
+    measure_grouped,
+    ratios,
+)
+
+# --8<-- [start:gemm]
+gpu = gpu_for_device_name(torch.cuda.get_device_name())
+if gpu is None:
+    raise RuntimeError(f"{torch.cuda.get_device_name()!r} has no entry in data/hardware.yaml")
+q = load_moe_models()["qwen3-30b-a3b"].config  # the expert shape, from the model's config
+EXPERTS, HIDDEN, INTER = q["num_experts"], q["hidden_size"], q["moe_intermediate_size"]
+ROWS = 65536  # routed rows in one call: 8192 tokens x top-8 (scaled to one GPU)
+SKEWS = {"balanced": 0.0, "zipf-1": 1.0}  # Zipf exponent s: the r-th expert gets ~ 1 / r^s
+missing = grouped_mm_available("cuda")
+
+
+def gpu_times(fns):  # the kernels' own time (CUPTI); each callable's repeats back to back,
+    # after settling: the first 2 s (an idle GPU's clocks drop only after a second of matmuls),
+    # the others 200 ms and until three 50 ms chunks agree
+    settle = [2000.0] + [200.0] * (len(fns) - 1)
+    return kernel_ms_each(fns, target_ms=10.0, warmup=2, interleave=False, settle_ms=settle)
+
+
+gemm = measure_grouped(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", torch.bfloat16,
+                       gpu_times, skip=("torch_grouped_mm",) if missing else ())  # fmt: skip
+fp8 = measure_fp8(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", gpu_times)
+# --8<-- [end:gemm]
+
+# --8<-- [start:balance]
+BAL_STEPS, SEEDS = 60, (0, 1, 2)
+spec = load_trained_models()
+runs = [run(method, seed, BAL_STEPS, spec) for method in METHODS for seed in SEEDS]
+shared = trained("moe", spec=spec)  # trained and cached by the trained-models post
+_, heldout_stream = token_streams(spec)
+held = rows(heldout_stream, shared.train.seq_len)[:64].to("cuda")
+with torch.autocast("cuda", dtype=torch.bfloat16):
+    shared_load = trained_load(shared.model, held, shared.train.batch_size)
+# --8<-- [end:balance]
+
+# --8<-- [start:record]
+write_result("moe-training", "grouped-gemm", {
+    "gpu": gpu.name, "peak_tflops": gpu.bf16_dense_tflops, "rows": ROWS, "k": HIDDEN,
+    "n": 2 * INTER, "experts": EXPERTS, "unavailable": missing or "无", "runs": gemm,
+    "ratios": ratios(gemm)})  # fmt: skip
+write_result("moe-training", "fp8", {"peak_tflops": gpu.fp8_dense_tflops, "runs": fp8})
+write_result("moe-training", "balance", {
+    "steps": BAL_STEPS, "summary": summarize(runs, tail=10), "curves": curves(runs, every=5),
+    "shared_load": shared_load, "shared_steps": shared.train.steps})  # fmt: skip
+# --8<-- [end:record]
