@@ -15,8 +15,12 @@ COMMANDS = [
     ("dmon", "gpu", "nvidia-smi dmon -c 3 -s pucm"),
     ("nvitop", "gpu", "nvitop --once"),
     ("ncu", "profile", "ncu --version"),
-    ("ncu_gemm", "profile", "ncu --clock-control none --launch-count 1 --kernel-name regex:gemm "
-                            f"--metrics gpu__time_duration.sum {MATMUL}"),
+    (
+        "ncu_gemm",
+        "profile",
+        "ncu --clock-control none --launch-count 1 --kernel-name regex:gemm "
+        f"--metrics gpu__time_duration.sum {MATMUL}",
+    ),
     ("nsys", "profile", "nsys --version"),
     ("pyspy", "profile", "py-spy --version"),
     ("rg", "search", "rg --version"),
@@ -37,11 +41,15 @@ for tool, stage, command in COMMANDS:
     lines += [{"tool": tool, "n": i, "text": ln} for i, ln in enumerate(ran.lines, 1)]
 smi = run(COMMAND)
 gpus = parse_query("\n".join(smi.lines)) if smi.ok else []
-write_result("cli-toolkit", "gpu-tools", {
-    "rows": rows,
-    "lines": lines,
-    "gpus": len(gpus),
-    "memory_total_mib": gpus[0]["memory.total"] if gpus else 0.0,
-    "clocks_max_sm_mhz": gpus[0]["clocks.max.sm"] if gpus else 0.0,
-})
+write_result(
+    "cli-toolkit",
+    "gpu-tools",
+    {
+        "rows": rows,
+        "lines": lines,
+        "gpus": len(gpus),
+        "memory_total_mib": gpus[0]["memory.total"] if gpus else 0.0,
+        "clocks_max_sm_mhz": gpus[0]["clocks.max.sm"] if gpus else 0.0,
+    },
+)
 # --8<-- [end:capture]

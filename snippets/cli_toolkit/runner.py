@@ -28,12 +28,15 @@ class Ran:
 
 
 def run(command: str, *, timeout: float = 30.0, cwd: Path | None = None) -> Ran:
-    """`bash -c command` with stderr folded into stdout; the Python that runs this file's
-    bin/ first on PATH (where pip puts the scripts of pinned tools such as rg and py-spy)."""
+    """`bash -c command` with stderr folded into stdout. First on PATH: the bin/ of the Python
+    that runs this (where pip puts the scripts of pinned tools such as rg and py-spy), and the
+    bin/ beside each PYTHONPATH folder (`pip install --target DIR` puts them in DIR/bin)."""
     if not command.strip():
         raise ValueError("run(): empty command")
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    targets = [Path(p) / "bin" for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    first = [str(Path(sys.executable).parent), *(str(t) for t in targets if t.is_dir())]
+    env["PATH"] = os.pathsep.join([*first, env.get("PATH", "")])
     env.setdefault("TERM", "xterm-256color")
     bash = shutil.which("bash") or "/bin/bash"
     try:
@@ -48,4 +51,6 @@ def run(command: str, *, timeout: float = 30.0, cwd: Path | None = None) -> Ran:
     while lines and not lines[-1]:
         lines.pop()
     return Ran(command, code, tuple(lines[:MAX_LINES]))
+
+
 # --8<-- [end:run]

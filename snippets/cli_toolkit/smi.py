@@ -53,4 +53,6 @@ def parse_query(text: str, where: str = "nvidia-smi") -> list[dict]:
                 gpu[field] = raw
         gpus.append(gpu)
     return gpus
+
+
 # --8<-- [end:parse]

@@ -53,4 +53,6 @@ def read_collapsed(path: Path) -> Profile:
     if samples == 0:
         raise ValueError(f"{path}: no samples (did the program run long enough to be sampled?)")
     return Profile(samples, self_, total)
+
+
 # --8<-- [end:parse]

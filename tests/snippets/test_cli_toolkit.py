@@ -157,3 +157,12 @@ def test_run_strips_colours_and_finds_pinned_tools():
     assert run("command -v python").lines[0].startswith(str(Path(sys.executable).parent))
     with pytest.raises(ValueError, match="empty command"):
         run("  ")
+
+
+def test_run_finds_scripts_of_a_pip_target(tmp_path, monkeypatch):
+    tool = tmp_path / "site" / "bin" / "handbook-tool"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\necho from the target\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    assert run("handbook-tool").lines == ("from the target",)
