@@ -12,6 +12,7 @@ from pathlib import Path
 # one line of `py-spy record -f raw`: frames joined by ';', a space, the number of samples
 LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")  # empty stack: no Python frame
 NO_FRAME = "(no Python frame)"  # sampled while the interpreter started or exited
+PROCESS = re.compile(r'^process \d+:".*"$')  # --subprocesses: the root frame names the process
 FRAME = re.compile(r"^(?P<func>.+?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -27,7 +28,10 @@ class Profile:
 
 
 def frame_name(frame: str, where: str) -> str:
-    """`func (path/file.py:12)` -> `func (file.py)`: line numbers and paths vary, names not."""
+    """`func (path/file.py:12)` -> `func (file.py)`: line numbers and paths vary, names not;
+    `process 123:"cmd"` (added by --subprocesses) -> `(process)`: pids vary."""
+    if PROCESS.match(frame.strip()):
+        return "(process)"
     m = FRAME.match(frame.strip())
     if not m:
         raise ValueError(f"{where}: not a py-spy frame 'function (file:line)': {frame!r}")
