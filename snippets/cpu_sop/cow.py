@@ -50,5 +50,7 @@ as_array = np.arange(N, dtype=np.float64) * 1.5  # the same numbers, one buffer
 list_kib = (N * (24 + 8)) // 1024  # the objects and the list's pointer array
 grown_list, grown_array = copied_by_reading(as_list), copied_by_reading(as_array)
 print(f"list: the child copied more than half of it: {grown_list > list_kib / 2}")
+#> list: the child copied more than half of it: True
 print(f"numpy array: the child copied less than 5 % of it: {grown_array < 0.05 * as_array.nbytes / 1024}")
+#> numpy array: the child copied less than 5 % of it: True
 # --8<-- [end:cow]

@@ -72,8 +72,11 @@ separate = torch.cat([attention(q[a:b], k[a:b], v[a:b], causal(b - a))
 blocked = attention(q, k, v, block_causal(doc))
 leaky = attention(q, k, v, causal(12))  # a plain causal mask over the packed row
 print(pos.tolist(), bounds)
+#> [0, 1, 2, 3, 4, 0, 1, 2, 0, 1, 2, 3] [0, 5, 8, 12]
 print("block-diagonal mask = documents apart:", torch.allclose(blocked, separate, atol=1e-6))
+#> block-diagonal mask = documents apart: True
 print("plain causal mask leaks across documents:", (leaky - separate).abs().max().item() > 1e-3)
+#> plain causal mask leaks across documents: True
 # --8<-- [end:mask]
 
 # --8<-- [start:waste]
@@ -86,9 +89,8 @@ padded_to_longest = sum(max(b) * len(b) - sum(b) for b in batches) / sum(max(b) 
                                                                          for b in batches)  # fmt: skip
 rows = pack(lengths, SEQ)
 packed = (len(rows) * SEQ - sum(lengths)) / (len(rows) * SEQ)
-print(f"padding share: to {SEQ} {padded_to_seq:.1%}, to the longest of {BATCH} "
-      f"{padded_to_longest:.1%}, packed {packed:.2%}")
-#> padding share: to 2048 75.6%, to the longest of 8 62.1%, packed 0.03%
+shares = [f"{x:.1%}" for x in (padded_to_seq, padded_to_longest)] + [f"{packed:.2%}"]
+print("padding share: to the row length, to the batch's longest, packed:", *shares)
 # --8<-- [end:waste]
 
 computed_result("cpu-sop", "packing", {

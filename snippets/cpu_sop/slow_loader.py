@@ -13,7 +13,7 @@ from snippets.cpu_sop.loader import Tokens
 
 
 # --8<-- [start:loop]
-def main(batches: int = 40) -> None:
+def main(batches: int = 25) -> None:
     loader = DataLoader(Tokens(100_000, seq=1024, work="tokenize"), batch_size=32, num_workers=2)
     for i, _ in enumerate(loader):
         if i == batches:

@@ -149,10 +149,13 @@ def test_threads_share_one_core():
         concurrency("fibers", 2)
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
 def test_processes_use_more_than_one_core():
-    # two processes on two cores: above 1 even when other jobs take part of the machine
-    assert concurrency("processes", 2, n=3_000_000) > 1.1
+    """Needs two cores mostly free: CPU time per wall second can only exceed 1 if the OS gives
+    the processes more than one core (on a shared machine at load average 5 it gave 0.8)."""
+    cores, load = len(os.sched_getaffinity(0)), os.getloadavg()[0]
+    if cores < 2 or load > cores - 1:
+        pytest.skip(f"needs two idle cores: {cores} cores at load average {load:.1f}")
+    assert concurrency("processes", 2, n=3_000_000) > 1.2
 
 
 # --------------------------------------------------------------------------- corpus IO
