@@ -91,6 +91,7 @@ rows = pack(lengths, SEQ)
 packed = (len(rows) * SEQ - sum(lengths)) / (len(rows) * SEQ)
 shares = [f"{x:.1%}" for x in (padded_to_seq, padded_to_longest)] + [f"{packed:.2%}"]
 print("padding share: to the row length, to the batch's longest, packed:", *shares)
+#> padding share: to the row length, to the batch's longest, packed: 70.7% 61.1% 0.05%
 # --8<-- [end:waste]
 
 computed_result("cpu-sop", "packing", {
