@@ -14,8 +14,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from snippets.common.results import Stat, write_result
-from snippets.cpu_sop.corpus_io import (JsonlSamples, MemmapSamples, make_docs, shard_stream,
-                                        write_corpus)  # fmt: skip
+from snippets.cpu_sop.corpus_io import (
+    JsonlSamples,
+    MemmapSamples,
+    make_docs,
+    shard_stream,
+    write_corpus,  # fmt: skip
+)
 from snippets.cpu_sop.gil import concurrency
 from snippets.cpu_sop.loader import Tokens, diagnose, model_rate, watch
 
@@ -46,10 +51,11 @@ for work in ("sleep", "python"):
 
         rate = repeated(one)
         t_sample = sum(r.item_wall_s for r in reports) / (len(reports) * STEPS * BATCH)
+        cores = CORES if work == "python" else float("inf")  # a sleep takes no core
         grid.append({"work": work, "workers": workers, "rate": rate,
-                     "model": model_rate(workers, BATCH, t_sample,
-                                         0.0, CORES if work == "python" else float("inf")),
-                     "t_sample_ms": t_sample * 1e3, "verdict": diagnose(reports[-1]).split(":")[0]})  # fmt: skip
+                     "model": model_rate(workers, BATCH, t_sample, 0.0, cores),
+                     "t_sample_ms": t_sample * 1e3,
+                     "verdict": diagnose(reports[-1]).split(":")[0]})  # fmt: skip
         del loader
 # --8<-- [end:grid]
 

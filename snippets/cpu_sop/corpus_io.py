@@ -76,7 +76,8 @@ class JsonlSamples:
         try:
             return tokenize(json.loads(line)["text"])
         except (json.JSONDecodeError, KeyError) as exc:
-            raise ValueError(f"{self.path}: sample {i}: not a {{'text': ...}} line: {exc}") from None
+            raise ValueError(f"{self.path}: sample {i}: not a {{'text': ...}} line: "
+                             f"{exc}") from None  # fmt: skip
 
 
 def shard_stream(folder: Path, seed: int = 0, buffer: int = 512):

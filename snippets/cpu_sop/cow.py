@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 # --8<-- [start:cow]
 def private_dirty_kib(pid: str = "self") -> int:
     path = Path(f"/proc/{pid}/smaps_rollup")
@@ -51,6 +52,7 @@ list_kib = (N * (24 + 8)) // 1024  # the objects and the list's pointer array
 grown_list, grown_array = copied_by_reading(as_list), copied_by_reading(as_array)
 print(f"list: the child copied more than half of it: {grown_list > list_kib / 2}")
 #> list: the child copied more than half of it: True
-print(f"numpy array: the child copied less than 5 % of it: {grown_array < 0.05 * as_array.nbytes / 1024}")
+array_kib = as_array.nbytes / 1024
+print(f"numpy array: the child copied less than 5 % of it: {grown_array < 0.05 * array_kib}")
 #> numpy array: the child copied less than 5 % of it: True
 # --8<-- [end:cow]

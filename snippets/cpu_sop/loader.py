@@ -126,8 +126,10 @@ def diagnose(r: Report) -> str:
     if r.wait_share < DATA_BOUND:
         return "ok: the step, not the data, sets the pace"
     if r.busy >= BUSY:
-        return "cpu-bound loader: __getitem__ computes (vectorize, precompute, or more workers up to the cores)"
-    return "io-bound loader: __getitem__ waits (more workers or prefetch; read less, read sequentially)"
+        return ("cpu-bound loader: __getitem__ computes (vectorize, precompute, or more workers "
+                "up to the cores)")
+    return ("io-bound loader: __getitem__ waits (more workers or prefetch; read less, read "
+            "sequentially)")
 # --8<-- [end:diagnose]
 
 

@@ -4,11 +4,13 @@ position ids restart at each document; otherwise tokens attend to the previous d
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import torch
 
 from snippets.common.results import computed_result
+
 
 # --8<-- [start:pack]
 def pack(lengths: list[int], seq: int) -> list[list[tuple[int, int]]]:
@@ -68,7 +70,7 @@ doc, pos = row_ids(row, 12)
 q, k, v = torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(0))
 bounds = cu_seqlens(row).tolist()
 separate = torch.cat([attention(q[a:b], k[a:b], v[a:b], causal(b - a))
-                      for a, b in zip(bounds, bounds[1:], strict=False)])  # fmt: skip
+                      for a, b in itertools.pairwise(bounds)])  # fmt: skip
 blocked = attention(q, k, v, block_causal(doc))
 leaky = attention(q, k, v, causal(12))  # a plain causal mask over the packed row
 print(pos.tolist(), bounds)
@@ -85,8 +87,8 @@ rng = random.Random(0)
 lengths = [min(SEQ, max(16, int(rng.lognormvariate(6.0, 1.0)))) for _ in range(4096)]
 padded_to_seq = sum(SEQ - n for n in lengths) / (SEQ * len(lengths))
 batches = [lengths[i : i + BATCH] for i in range(0, len(lengths), BATCH)]
-padded_to_longest = sum(max(b) * len(b) - sum(b) for b in batches) / sum(max(b) * len(b)
-                                                                         for b in batches)  # fmt: skip
+slots = sum(max(b) * len(b) for b in batches)  # each batch padded to its longest
+padded_to_longest = sum(max(b) * len(b) - sum(b) for b in batches) / slots
 rows = pack(lengths, SEQ)
 packed = (len(rows) * SEQ - sum(lengths)) / (len(rows) * SEQ)
 shares = [f"{x:.1%}" for x in (padded_to_seq, padded_to_longest)] + [f"{packed:.2%}"]

@@ -12,20 +12,27 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from snippets.common.markup import SHELL, scan
 from snippets.cpu_sop import loader as ld
-from snippets.cpu_sop.corpus_io import (JsonlSamples, MemmapSamples, make_docs, shard_stream,
-                                        tokenize, write_corpus)  # fmt: skip
+from snippets.cpu_sop.corpus_io import (
+    JsonlSamples,
+    MemmapSamples,
+    make_docs,
+    shard_stream,
+    tokenize,  # fmt: skip
+    write_corpus,
+)
 from snippets.cpu_sop.gil import concurrency
 from snippets.cpu_sop.loader import Report, Tokens, diagnose, model_rate, watch
 from snippets.cpu_sop.packing import block_causal, cu_seqlens, pack, row_ids
 from snippets.cpu_sop.slow_loader import share_in_getitem
-from snippets.common.markup import SHELL, scan
 from tests import pages
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "posts" / "cpu-sop.md"
-NOT_ON_GPU = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason="the GPU machine's image lacks the CPU image's tools")  # fmt: skip
+NOT_ON_GPU = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the GPU machine's image lacks the CPU image's tools"
+)
 
 
 # --------------------------------------------------------------------------- the page's CPU fences
@@ -42,7 +49,7 @@ def test_cpu_image_fence(fence):
 
 @NOT_ON_GPU
 def test_cow_fence_prints_what_the_page_says():
-    (fence,) = [f for f in scan(PAGE) if f.skip and "cow.py" in f.body]
+    assert [f for f in scan(PAGE) if f.skip and "cow.py" in f.body]
     target = ROOT / "snippets" / "cpu_sop" / "cow.py"
     pages.run_include(ROOT, target, {}, pages.rel(PAGE))
 
@@ -145,7 +152,7 @@ def test_share_in_getitem_reads_subprocess_stacks(tmp_path):
 
 def test_threads_share_one_core():
     assert concurrency("threads", 3, n=200_000) < 1.15  # timer resolution margin
-    with pytest.raises(ValueError, match="threads|processes"):
+    with pytest.raises(ValueError, match=r"threads\|processes"):
         concurrency("fibers", 2)
 
 
@@ -188,7 +195,7 @@ def test_readers_bad_input(corpus, tmp_path):
     for name in ("tokens.bin", "docs.jsonl", "docs_offsets.npy"):
         (broken / name).write_bytes((folder / name).read_bytes())
     np.save(broken / "offsets.npy", np.load(folder / "offsets.npy")[:-1])
-    with pytest.raises(ValueError, match="offsets.npy ends at"):
+    with pytest.raises(ValueError, match=r"offsets\.npy ends at"):
         MemmapSamples(broken)
     (broken / "docs.jsonl").write_bytes(b'{"txt": 1}\n' * 400)
     with pytest.raises(ValueError, match=r"docs.jsonl: sample 0: not a"):
