@@ -39,6 +39,8 @@ def write_corpus(folder: Path, docs: list[str], shard_docs: int = 256) -> None:
         part = toks[s : s + shard_docs]
         np.savez(folder / f"shard-{s // shard_docs:05d}.npz", tokens=np.concatenate(part),
                  lengths=np.array([len(t) for t in part]))  # fmt: skip
+
+
 # --8<-- [end:write]
 
 
@@ -98,4 +100,6 @@ def shard_stream(folder: Path, seed: int = 0, buffer: int = 512):
                 yield pool.pop(rng.randrange(len(pool)))
     rng.shuffle(pool)
     yield from pool
+
+
 # --8<-- [end:read]

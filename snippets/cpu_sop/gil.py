@@ -47,4 +47,6 @@ def concurrency(kind: str, workers: int, n: int = 3_000_000) -> float:
             p.join()
     wall = max(end for _, _, end in cpu) - min(start for _, start, _ in cpu)
     return sum(c for c, _, _ in cpu) / wall
+
+
 # --8<-- [end:gil]

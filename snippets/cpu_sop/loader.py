@@ -70,6 +70,8 @@ class Tokens(Dataset):
     def _sample(self, tokens, wall0, cpu0):
         return {"tokens": tokens, "wall_s": time.perf_counter() - wall0,
                 "cpu_s": cpu_demand() - cpu0}  # fmt: skip
+
+
 # --8<-- [end:dataset]
 
 
@@ -114,6 +116,8 @@ def watch(loader: DataLoader, steps: int, step_s: float = 0.0, warmup: int = 2) 
         if step_s:
             time.sleep(step_s)
     return Report(steps, time.perf_counter() - t0, wait, item_wall, item_cpu)
+
+
 # --8<-- [end:watch]
 
 
@@ -126,10 +130,16 @@ def diagnose(r: Report) -> str:
     if r.wait_share < DATA_BOUND:
         return "ok: the step, not the data, sets the pace"
     if r.busy >= BUSY:
-        return ("cpu-bound loader: __getitem__ computes (vectorize, precompute, or more workers "
-                "up to the cores)")
-    return ("io-bound loader: __getitem__ waits (more workers or prefetch; read less, read "
-            "sequentially)")
+        return (
+            "cpu-bound loader: __getitem__ computes (vectorize, precompute, or more workers "
+            "up to the cores)"
+        )
+    return (
+        "io-bound loader: __getitem__ waits (more workers or prefetch; read less, read "
+        "sequentially)"
+    )
+
+
 # --8<-- [end:diagnose]
 
 
@@ -145,4 +155,6 @@ def model_rate(workers: int, batch: int, t_sample: float, t_step: float, cores: 
     if workers == 0:
         return 1.0 / (make + t_step)
     return 1.0 / max(make / min(workers, cores), t_step)
+
+
 # --8<-- [end:model]

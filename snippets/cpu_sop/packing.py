@@ -52,6 +52,8 @@ def cu_seqlens(row: list[tuple[int, int]]) -> torch.Tensor:
     """The same boundaries as cumulative lengths, the form variable-length attention kernels
     (flash_attn_varlen_func's cu_seqlens) take instead of a mask."""
     return torch.tensor([0] + [n for _, n in row]).cumsum(0).to(torch.int32)
+
+
 # --8<-- [end:pack]
 
 

@@ -72,7 +72,7 @@ def test_diagnose_thresholds_each_side():
 # verdict may come out. Ratios, not times: busy is ~0.05 for a sleep and ~1 for Python work,
 # however loaded the machine (the run queue counts as demand), far from the 0.5 threshold.
 LIVE = {
-    "healthy": (("none", 0.0, 0.03, 0), "ok"),
+    "healthy": (("none", 0.0, 0.08, 0), "ok"),
     "slow read": (("sleep", 0.002, 0.004, 0), "io-bound"),
     "slow read, hidden by 4 workers": (("sleep", 0.001, 0.03, 4), "ok"),
     "python work": (("python", 0.002, 0.004, 0), "cpu-bound"),
