@@ -124,7 +124,7 @@ def run(fault: str) -> str:
 
 # --8<-- [start:demo]
 for fault in ("none", "straggler", "shape"):
-    print(f"{fault:9} -> {run(fault)}")
+    print(f"{fault} ->", *run(fault).split("; "), sep="\n  ")
     #> none      -> no hang: every rank completed the same collectives
     '''
     straggler -> collective #2 all_reduce: ranks [0, 1] waited; ranks [2] never entered it (last completed: rank 2 #1)
