@@ -124,12 +124,6 @@ def run(fault: str) -> str:
 
 # --8<-- [start:demo]
 for fault in ("none", "straggler", "shape"):
-    print(f"{fault} ->", *run(fault).split("; "), sep="\n  ")
-    #> none      -> no hang: every rank completed the same collectives
-    '''
-    straggler -> collective #2 all_reduce: ranks [0, 1] waited; ranks [2] never entered it (last completed: rank 2 #1)
-    '''
-    '''
-    shape     -> collective #2: ranks disagree: all_reduce[4] on ranks [0, 1]; all_reduce[8] on ranks [2]
-    '''
+    for i, clause in enumerate(run(fault).split("; ")):
+        print(f"{fault if i == 0 else '':9} | {clause}")
 # --8<-- [end:demo]
