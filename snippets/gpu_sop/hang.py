@@ -126,4 +126,9 @@ def run(fault: str) -> str:
 for fault in ("none", "straggler", "shape"):
     for i, clause in enumerate(run(fault).split("; ")):
         print(f"{fault if i == 0 else '':9} | {clause}")
+        #> none      | no hang: every rank completed the same collectives
+        #> straggler | collective #2 all_reduce: ranks [0, 1] waited
+        #>           | ranks [2] never entered it (last completed: rank 2 #1)
+        #> shape     | collective #2: ranks disagree: all_reduce[4] on ranks [0, 1]
+        #>           | all_reduce[8] on ranks [2]
 # --8<-- [end:demo]
