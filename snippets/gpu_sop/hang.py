@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 WORLD, TIMEOUT_S = 3, 2.0
 
+
 # --8<-- [start:ledger]
 def note(ledger, **entry) -> None:
     ledger.write(json.dumps(entry) + "\n")
@@ -37,6 +38,8 @@ def collective(ledger, seq: int, op: str, t: torch.Tensor) -> None:
     else:
         dist.all_reduce(t)
     note(ledger, seq=seq, op=op, shape=list(t.shape), state="completed")
+
+
 # --8<-- [end:ledger]
 
 
@@ -57,6 +60,8 @@ def train(rank: int, port: int, folder: str, fault: str) -> None:
         except RuntimeError as exc:  # gloo: the collective timed out or a peer went away
             note(ledger, error=str(exc).splitlines()[0][:200])
     os._exit(0)  # no teardown: the other ranks may be gone
+
+
 # --8<-- [end:worker]
 
 
@@ -91,14 +96,18 @@ def analyze(ledgers: dict[int, list[dict]]) -> str:
             waiting = sorted(r for r, c in calls.items() if c is not None and seq not in done[r])
             last = {r: max(done[r], default=-1) for r in missing}
             lasts = ", ".join(f"rank {r} #{s}" for r, s in last.items())
-            return (f"collective #{seq} {sorted(kinds)[0][0]}: ranks {waiting} waited; ranks "
-                    f"{missing} never entered it (last completed: {lasts})")
+            return (
+                f"collective #{seq} {sorted(kinds)[0][0]}: ranks {waiting} waited; ranks "
+                f"{missing} never entered it (last completed: {lasts})"
+            )
         if len(kinds) > 1:
             by = {f"{op}{list(shape)}": sorted(r for r, c in calls.items() if c == (op, shape))
                   for op, shape in kinds}  # fmt: skip
             listed = "; ".join(f"{k} on ranks {v}" for k, v in sorted(by.items()))
             return f"collective #{seq}: ranks disagree: {listed}"
     return "no hang: every rank completed the same collectives"
+
+
 # --8<-- [end:analyze]
 
 
