@@ -154,7 +154,8 @@ def test_run_timeout_and_truncation():
 
 def test_run_strips_colours_and_finds_pinned_tools():
     assert run(r"printf '\033[1;31mred\033[0m\n'").lines == ("red",)
-    assert run("command -v python").lines[0].startswith(str(Path(sys.executable).parent))
+    python = Path(sys.executable)
+    assert run(f"command -v {python.name}").lines[0].startswith(str(python.parent))
     with pytest.raises(ValueError, match="empty command"):
         run("  ")
 
