@@ -596,10 +596,10 @@ def test_the_status_footer_and_related_checks_see_planted_faults(site, tmp_path)
     text = related.read_text(encoding="utf-8")
     related.write_text(text.replace('href="../gradient-checkpointing/">', 'href="#">', 1),
                        encoding="utf-8")  # fmt: skip
-    assert related_errors(copy, ROOT) == [
-        "posts/gradient-accumulation/: related posts ['precision-alignment'], want "
-        "['precision-alignment', 'gradient-checkpointing']"
-    ]
+    found = related_errors(copy, ROOT)  # other written posts of its categories may be listed too
+    assert len(found) == 1 and found[0].startswith("posts/gradient-accumulation/: related posts ")
+    got, want = found[0].split(": related posts ")[1].split(", want ")
+    assert "'gradient-checkpointing'" in want and "'gradient-checkpointing'" not in got
     status = home_status_errors(copy, ROOT)
     assert len(status) == 1, status
     assert status[0].endswith("has status '待 GPU 测量', want 'CPU 上验证'"), status
