@@ -1,0 +1,1 @@
+"""训推工程师 CLI 工具栈 (cli-toolkit) snippets."""

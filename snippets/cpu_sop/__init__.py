@@ -1,0 +1,1 @@
+"""Python CPU 侧 SOP：DataLoader、IO (cpu-sop) snippets."""
