@@ -140,7 +140,7 @@ def heldout_loss(model, held, batch_size) -> float:
     total = 0.0
     for batch in held.split(batch_size):
         ids = batch.long()
-        ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if ids.is_cuda else nullcontext())
+        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if ids.is_cuda else nullcontext()
         with ctx:
             h, _ = model.hidden_states(ids)
             lm = model.kernels.loss(h[:, :-1], model.lm_head.weight, ids[:, 1:])

@@ -119,8 +119,10 @@ def fitted_latency(row_bytes, published_us, ranks=256):
     return published_us - low_latency_us(128, H, 8, ranks, NVL, IB, row_bytes, 0.0)[0]
 
 
-FIXED = {"dispatch": fitted_latency(DISPATCH_ROW, PUBLISHED_LL[256][0]),
-         "combine": fitted_latency(COMBINE_ROW, PUBLISHED_LL[256][2])}
+FIXED = {
+    "dispatch": fitted_latency(DISPATCH_ROW, PUBLISHED_LL[256][0]),
+    "combine": fitted_latency(COMBINE_ROW, PUBLISHED_LL[256][2]),
+}
 rows = []
 for ranks, (d_pub, c_pub) in PUBLISHED_NORMAL.items():
     model = normal_kernel_gbps(4096, H, 256, ranks, NVL, IB)

@@ -28,8 +28,12 @@ FAMILIES = {  # family -> the config fields it requires (no others are accepted)
                               "n_routed_experts", "n_shared_experts", "n_group", "topk_group",
                               "routed_scaling_factor", "scoring_func", "norm_topk_prob"),
 }  # fmt: skip
-KINDS = {"tie_word_embeddings": bool, "norm_topk_prob": bool, "scoring_func": str,
-         "routed_scaling_factor": float}  # fmt: skip  (every other field: a positive int)
+KINDS = {
+    "tie_word_embeddings": bool,
+    "norm_topk_prob": bool,
+    "scoring_func": str,
+    "routed_scaling_factor": float,
+}  # fmt: skip  (every other field: a positive int)
 FIGURES = ("total", "active", "non_embedding")
 PRINTED = re.compile(r"^(\d+(?:\.(\d+))?)B$")  # "30.5B": billions, as printed
 
