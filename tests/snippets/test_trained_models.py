@@ -84,7 +84,7 @@ def test_training_reads_its_clock_in_chunks(toy):  # noqa: F811
     loop's wall time."""
     spec, _ = toy
     assert tr.chunk_bounds(8) == list(range(9))
-    assert tr.chunk_bounds(400) == list(range(0, 401, 25))
+    assert tr.chunk_bounds(460) == list(range(0, 461, 10))  # STEP_CHUNKS = 46
     assert tr.chunk_bounds(3) == [0, 1, 2, 3]
     run = tr.train_new("dense", spec=spec)  # the CPU stand-in: 8 steps
     ms = run.stats["step_ms"]
