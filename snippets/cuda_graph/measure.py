@@ -98,7 +98,10 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
     step(tokens, at)
     compile_s = time.perf_counter() - t0
     # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records
-    ms = step_ms(lambda: step(tokens, at), calls=CALLS, warmup=CALLS, settle_s=0.25)
+    # the fastest third, as eager: CUDA Graph Trees' replay runs Python around the graph, and
+    # at 15 repeats its time spread ±13 % in one run (eager's, taken so, ±1-2 %)
+    ms = step_ms(lambda: step(tokens, at), calls=EAGER_CALLS, warmup=CALLS, settle_s=0.25,
+                 repeats=EAGER_REPEATS, fastest=True)  # fmt: skip
     return {"compile_ms": ms, "compile_s": compile_s,
             "cudagraph_skipped": counters["cudagraph_skips"] > skips}  # fmt: skip
 
