@@ -52,9 +52,11 @@ class Sizes:
 
 
 # --8<-- [start:measure]
-def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, timer) -> dict:
+def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, timer,
+            copy_bytes_per_s) -> dict:  # fmt: skip
     """Every record of the page: {name: values}. target_model, draft_model: the shared
-    models (trained(...).model); the streams: the corpus's training and held-out tokens."""
+    models (trained(...).model); the streams: the corpus's training and held-out tokens;
+    copy_bytes_per_s: the copy bandwidth measured in the same run (the step's bound)."""
     dev = next(target_model.parameters()).device
     g_max = max(sizes.gammas)
     long_len = sizes.prompt + sizes.stats_rounds * (g_max + 1) + 2 * (g_max + 1)
@@ -80,6 +82,8 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
     verify = [{"n": n, "ms": verify_time(e1, n, timer)} for n in range(1, g_max + 2)]
     for row in verify:
         row["of_step"] = row["ms"] / verify[0]["ms"]
+    weights = sum(t.numel() * t.element_size() for t in target.weights())
+    bound_ms = weights / copy_bytes_per_s * 1e3  # every weight read once
     plain = engine(None, sizes.stats_batch, 0, True, long_len)
     run(plain, sizes.compare)
 
@@ -114,7 +118,7 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
                 record(f"eagle3-ttt{steps}", "greedy", stats)
 
     # the batch sweep: greedy, batch_gamma; tokens per round from the acceptance runs above
-    per_round = {r["drafter"]: r["tokens_per_round"] for r in rows
+    per_round = {r["drafter"]: r["tokens_per_round"] for r in runs
                  if r["mode"] == "greedy" and r["gamma"] == sizes.batch_gamma}  # fmt: skip
     batch_rows = []
     for b in sizes.batches:
@@ -136,7 +140,8 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
         steps = h["ttt_steps"]
         agree += [{"ttt_steps": steps, "step": s + 1, "rate": r} for s, r in enumerate(rates)]
     return {
-        "verify": {"rows": verify, "step_ms": step},
+        "verify": {"rows": verify, "step_ms": step, "weight_gb": weights / 1e9,
+                   "bound_ms": bound_ms, "step_of_bound": step["greedy"] / bound_ms},
         "acceptance": {"runs": runs, "positions": positions},
         "speedup": {"rows": rows, "match": match},
         "batch": {"rows": batch_rows},

@@ -4,7 +4,7 @@ round times and speedups with graph_ms, and write results/speculative-decoding/*
 
 import torch
 
-from snippets.common.bench import graph_ms
+from snippets.common.bench import ceilings, graph_ms
 from snippets.common.corpus import token_streams
 from snippets.common.models.trained_configs import load_trained_models
 from snippets.common.results import write_result
@@ -27,7 +27,8 @@ def timer(fn):
     return graph_ms(fn, target_ms=10.0, settle_ms=settle)
 
 
-records = measure(target, draft, train_stream, heldout, Sizes(), timer)
+copy = ceilings()["copy_bytes_per_s"].median  # measured once per gpu_docs run
+records = measure(target, draft, train_stream, heldout, Sizes(), timer, copy)
 for name, values in records.items():
     write_result("speculative-decoding", name, values)
 # --8<-- [end:run]

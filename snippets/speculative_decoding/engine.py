@@ -99,9 +99,12 @@ class Engine:
         if self.drafter is not None:
             self.drafter.commit(taps, L)
         self.hist.scatter_add_(0, verdict.accepted, live.long())  # (one_hot would sync)
-        if q is not None and g:  # expected acceptance sum min(p, q) where each draft was judged
+        if not self.greedy and g:  # expected acceptance sum min(p, q) where a draft was judged
             judged = (self.steps[None, :g] <= verdict.accepted[:, None]) & live[:, None]
-            overlap = torch.minimum(p[:, :g], q).sum(-1)
+            if q is None:  # a one-hot q: sum min(p, q) = p(draft)
+                overlap = p[:, :g].gather(-1, draft[..., None])[..., 0]
+            else:
+                overlap = torch.minimum(p[:, :g], q).sum(-1)
             self.overlap += (overlap * judged).sum(0).double()
         self.length += count * live * self.advance
 

@@ -138,6 +138,11 @@ class Runner:
                              "layers, in the order the forward pass reaches them")  # fmt: skip
         self.taps = tuple(taps)
 
+    def weights(self) -> list[torch.Tensor]:
+        """The tensors one decode step reads: every layer's, the final norm and the LM head
+        (of the embedding a step reads one row per token: left out)."""
+        return [t for w in self.layers for t in vars(w).values()] + [self.norm, self.head]
+
     def cache(self, batch: int, max_len: int | None = None) -> Cache:
         """Zeros for `batch` sequences of up to max_len tokens (at most the Runner's)."""
         max_len = max_len or self.max_len
