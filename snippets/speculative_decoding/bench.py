@@ -140,8 +140,13 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
         steps = h["ttt_steps"]
         agree += [{"ttt_steps": steps, "step": s + 1, "rate": r} for s, r in enumerate(rates)]
     return {
-        "verify": {"rows": verify, "step_ms": step, "weight_gb": weights / 1e9,
-                   "bound_ms": bound_ms, "step_of_bound": step["greedy"] / bound_ms},
+        "verify": {
+            "rows": verify,
+            "step_ms": step,
+            "weight_gb": weights / 1e9,
+            "bound_ms": bound_ms,
+            "step_of_bound": step["greedy"] / bound_ms,
+        },
         "acceptance": {"runs": runs, "positions": positions},
         "speedup": {"rows": rows, "match": match},
         "batch": {"rows": batch_rows},

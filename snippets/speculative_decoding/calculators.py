@@ -57,7 +57,9 @@ CASES = [
 ]
 CALCULATORS = {
     "speculative": Calculator(
-        speculative_calculator, cases=CASES, presets={"table4": PRESETS},
+        speculative_calculator,
+        cases=CASES,
+        presets={"table4": PRESETS},
         defaults={},
     ),
 }

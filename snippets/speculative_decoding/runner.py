@@ -153,8 +153,16 @@ class Runner:
         return Cache(k, torch.zeros_like(k))
 
     @torch.no_grad()
-    def forward(self, cache: Cache, tokens: torch.Tensor, pos0: torch.Tensor, tree: Tree,
-                *, embedded: torch.Tensor | None = None, layers=None) -> tuple[torch.Tensor, list]:
+    def forward(
+        self,
+        cache: Cache,
+        tokens: torch.Tensor,
+        pos0: torch.Tensor,
+        tree: Tree,
+        *,
+        embedded: torch.Tensor | None = None,
+        layers=None,
+    ) -> tuple[torch.Tensor, list]:
         """tokens [b, n] at slots pos0[b] + (0..n-1), positions pos0 + tree.depth. Returns the
         final hidden states [b, n, H] (normed: logits() turns them into logits) and the taps.
         embedded: inputs already embedded (a draft head's); layers: a subset to run."""

@@ -168,11 +168,11 @@ for task, draft, temp, g, a, c, exp in TABLE4:
 # §3.6: a bigram draft (alpha ~ 0.2, c = 0) on EnDe "yields a 1.25X" speedup with gamma = 3.
 bigram = walltime_speedup(0.2, 3, 0.0)
 print(all(r["reproduced"] for r in table1), round(bigram, 2))
-# > True 1.25
+#> True 1.25
 reproduced = sum(r["reproduced"] for r in table4)
 rounds = sum(r["rounds_to_printed"] for r in table4)
 print(reproduced, rounds, len(table4))
-# > 12 9 12
+#> 12 9 12
 # --8<-- [end:leviathan]
 
 
@@ -184,7 +184,7 @@ COSTS = [0.01, 0.05, 0.2, 0.5]  # c = 0 has no optimum: the speedup grows toward
 optimum = [{"alpha": a, "c": c, "gamma": optimal_gamma(a, c)[0], "speedup": optimal_gamma(a, c)[1]}
            for a in ALPHAS for c in COSTS]  # fmt: skip
 print([r["gamma"] for r in optimum if r["c"] == 0.05])
-# > [3, 4, 5, 7, 11]
+#> [3, 4, 6, 8, 13]
 # a sweep for the page's plot: speedup against gamma at alpha = 0.8
 sweep = [{"gamma": g, "c": c, "speedup": walltime_speedup(0.8, g, c)}
          for c in (0.0, *COSTS) for g in range(1, 13)]  # fmt: skip
