@@ -117,18 +117,24 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
                 stats = acceptance(e, sizes.stats_rounds)
                 record(f"eagle3-ttt{steps}", "greedy", stats)
 
-    # the batch sweep: greedy, batch_gamma; tokens per round from the acceptance runs above
-    per_round = {r["drafter"]: r["tokens_per_round"] for r in runs
-                 if r["mode"] == "greedy" and r["gamma"] == sizes.batch_gamma}  # fmt: skip
+    # the batch sweep at batch_gamma, greedy and (batch_gamma == sampled_gamma) sampled; the
+    # tokens per round come from the acceptance runs above (they do not depend on the batch)
+    per_round = {(r["drafter"], r["mode"]): r["tokens_per_round"] for r in runs
+                 if r["gamma"] == sizes.batch_gamma}  # fmt: skip
+    modes = ("greedy", "sampled") if sizes.batch_gamma == sizes.sampled_gamma else ("greedy",)
     batch_rows = []
     for b in sizes.batches:
-        t_step = round_time(engine(None, b, 0, True, short_len), timer)
         t_verify = verify_time(engine(None, b, 0, True, short_len), sizes.batch_gamma + 1, timer)
-        for name in kinds:
-            t_round = round_time(engine(name, b, sizes.batch_gamma, True, short_len), timer)
-            batch_rows.append({"drafter": name, "batch": b, "step_ms": t_step, "round_ms": t_round,
-                               "verify_of_step": t_verify / t_step,
-                               "speedup": per_round[name] * t_step / t_round})  # fmt: skip
+        for mode in modes:
+            greedy = mode == "greedy"
+            t_step = round_time(engine(None, b, 0, greedy, short_len), timer)
+            for name in kinds:
+                t_round = round_time(engine(name, b, sizes.batch_gamma, greedy, short_len), timer)
+                batch_rows.append({
+                    "drafter": name, "mode": mode, "batch": b, "step_ms": t_step,
+                    "round_ms": t_round, "verify_of_step": t_verify / t_step,
+                    "speedup": per_round[name, mode] * t_step / t_round,
+                })  # fmt: skip
 
     held = heldout[: sizes.agreement_rows * sizes.training.seq_len]
     losses = [{"ttt_steps": h["ttt_steps"], "loss_first": h["loss"][0], "loss_last": h["loss"][-1]}

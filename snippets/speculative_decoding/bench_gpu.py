@@ -21,10 +21,11 @@ settled = []
 
 def timer(fn):
     """graph_ms: a CUDA graph of back-to-back calls, replayed 7 times. The first timing settles
-    the clocks for a second; every later one follows other GPU work and settles for 50 ms."""
+    the clocks for a second; every later one follows other GPU work and settles for 50 ms.
+    A repeat is about 5 ms of back-to-back calls (a round takes well under a millisecond)."""
     settle = 50.0 if settled else 1000.0
     settled.append(fn)
-    return graph_ms(fn, target_ms=10.0, settle_ms=settle)
+    return graph_ms(fn, target_ms=5.0, settle_ms=settle)
 
 
 copy = ceilings()["copy_bytes_per_s"].median  # measured once per gpu_docs run

@@ -176,7 +176,7 @@ class HeadTraining:
     steps: int = 200
     batch_size: int = 8
     seq_len: int = 256
-    lr: float = 1e-3
+    lr: float = 5e-4
     warmup_steps: int = 20
     weight_decay: float = 0.0
     ttt_steps: tuple[int, ...] = (5, 1)  # one head per entry: EAGLE-3, and without TTT

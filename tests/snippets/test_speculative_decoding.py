@@ -640,7 +640,7 @@ def test_the_gpu_benchmark_runs_on_the_cpu():
     assert ("eagle3", "sampled", 2) in drafters and ("eagle3-ttt1", "greedy", 1) in drafters
     assert all("bound" in r for r in runs if r["mode"] == "sampled")
     assert len(records["speedup"]["rows"]) == 3 * 3 and len(records["speedup"]["match"]) == 3
-    assert len(records["batch"]["rows"]) == 2 * 3
+    assert len(records["batch"]["rows"]) == 2 * 2 * 3  # batches x modes x drafters
     assert [a["step"] for a in records["eagle"]["agreement"]] == [1, 2, 3, 4, 5] * 2
 
 
