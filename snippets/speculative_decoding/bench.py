@@ -92,6 +92,8 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
     def record(name, mode, stats):
         runs.append({"drafter": name, "mode": mode} | _acceptance_fields(stats))
         for i, rate in enumerate(stats["per_position"]):
+            if rate is None:  # no round reached this draft
+                continue
             positions.append({"drafter": name, "mode": mode, "gamma": stats["gamma"],
                               "position": i + 1, "rate": rate})  # fmt: skip
 

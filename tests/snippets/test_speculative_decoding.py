@@ -559,6 +559,7 @@ def test_training_time_test_is_what_inference_computes(models):
 
 
 @cpu_only
+@pytest.mark.slow  # two heads, eight AdamW steps each (and AdamW's first import): seconds
 def test_heads_train_and_ttt_needs_room():
     stream = torch.randint(0, V, (2000,), generator=torch.Generator().manual_seed(0))
     runner = Runner(tiny(TARGET, 1, dtype=torch.float32), torch.float32, 64, TAPS)
