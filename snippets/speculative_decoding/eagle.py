@@ -67,8 +67,9 @@ class RMS(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+    def forward(self, x):  # in fp32, back to x's dtype (the same under bf16 autocast)
+        out = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+        return out.to(x.dtype)
 
 
 class EagleHead(nn.Module):
