@@ -67,8 +67,9 @@ class RMS(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x):  # in fp32, back to x's dtype (the same under bf16 autocast)
-        out = F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps)
+    def forward(self, x):  # in fp32 at least, back to x's dtype (also under bf16 autocast)
+        wide = torch.promote_types(x.dtype, torch.float32)
+        out = F.rms_norm(x.to(wide), (x.shape[-1],), self.weight.to(wide), self.eps)
         return out.to(x.dtype)
 
 
