@@ -221,7 +221,44 @@
     return out;
   }
 
-  const formulas = { mfu, zero, busbw, "kv-cache": kvCache, wer: werCalculator };
+  // ---- posts/speculative-decoding: snippets/speculative_decoding/calculators.py, with theory.py ----
+
+  // expected_tokens, walltime_speedup, optimal_gamma (theory.py)
+  function expectedTokens(alpha, gamma) {
+    if (!(alpha >= 0 && alpha <= 1)) throw new RangeError(`alpha must lie in [0, 1], got ${alpha}`);
+    if (!(gamma >= 0) || gamma !== Math.trunc(gamma)) throw new RangeError("gamma must be a whole number >= 0");
+    if (alpha === 1) return gamma + 1;
+    let power = 1;
+    for (let i = 0; i < gamma + 1; i++) power *= alpha; // products, as in Python
+    return (1 - power) / (1 - alpha);
+  }
+
+  function walltimeSpeedup(alpha, gamma, c) {
+    if (!(c >= 0)) throw new RangeError(`the cost ratio c must be >= 0, got ${c}`);
+    return expectedTokens(alpha, gamma) / (gamma * c + 1);
+  }
+
+  // speculative_calculator
+  function speculative(x) {
+    whole("gamma + 1", x.gamma + 1);
+    let best = 1;
+    let bestSpeedup = walltimeSpeedup(x.alpha, 1, x.c);
+    for (let g = 2; g <= 64; g++) {
+      const s = walltimeSpeedup(x.alpha, g, x.c);
+      if (s > bestSpeedup) [best, bestSpeedup] = [g, s]; // ties keep the smaller gamma
+    }
+    return {
+      tokens: expectedTokens(x.alpha, x.gamma),
+      speedup: walltimeSpeedup(x.alpha, x.gamma, x.c),
+      operations: (x.gamma * x.c_hat + x.gamma + 1) / expectedTokens(x.alpha, x.gamma),
+      best_gamma: best,
+      best_speedup: bestSpeedup,
+      gamma_one: (1 + x.alpha) / (1 + x.c),
+      free_draft: x.alpha < 1 ? 1 / (1 - x.alpha) : null,
+    };
+  }
+
+  const formulas = { mfu, zero, busbw, "kv-cache": kvCache, wer: werCalculator, speculative };
   window.handbookCalculator = Object.freeze({ formulas: Object.freeze(formulas) });
 
   // ---- the forms ----
