@@ -84,7 +84,7 @@ storage += [{"store": f"top-{k}", "bytes": bytes_per_token(V, k, 2, ids)["topk"]
             for k in (16, 64, 256)]  # bf16 values, int32 ids  # fmt: skip
 for row in storage:
     row["tb_per_billion"] = row["bytes"] * 1e9 / 1e12
-    print(f"{row['store']:9} {row['bytes']:>7,} B/token  {row['tb_per_billion']:8.3f} TB / 1e9 tokens")
+    print(f"{row['store']:9} {row['bytes']:>7,} B/token  {row['tb_per_billion']:8.3f} TB/1e9 tokens")
     #> full fp32              607,744 B/token   607.744 TB per 1e9 tokens
     #> full bf16              303,872 B/token   303.872 TB per 1e9 tokens
     #> top-16 bf16 + int32         96 B/token     0.096 TB per 1e9 tokens
