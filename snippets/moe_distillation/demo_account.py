@@ -39,8 +39,8 @@ for name, c in counted.items():
                      "published_active_b": active,
                      "bf16_gpus": gpus_to_hold(c["total"], 2, H200.memory_gb)})  # fmt: skip
     row = teachers[-1]
-    print(f"{name:16} total {row['total_b']:7.2f}  active {row['active_b']:6.2f}  "
-          f"N {row['n_b']:6.2f}  (printed: {total}B / {active}B)")
+    counts = f"total {row['total_b']:7.2f}  active {row['active_b']:6.2f}  N {row['n_b']:6.2f}"
+    print(f"{name:16} {counts}  (printed: {total}B / {active}B)")
     #> deepseek-v3      total  671.03  active  37.55  N  36.63  (printed: 671B / 37B)
     #> qwen3-235b-a22b  total  235.09  active  22.19  N  21.57  (printed: 235B / 22B)
     #> qwen3-30b-a3b    total   30.53  active   3.35  N   3.04  (printed: 30B / 3B)
@@ -53,7 +53,7 @@ dense = student_config(QWEN3_30B_A3B)
 dense_n = qwen3_params(asdict(dense))["matmul"]
 moe_n = moe_counts(QWEN3_30B_A3B)["n_matmul"]
 print(dense.intermediate_size, round(dense_n / 1e9, 3), round(moe_n / 1e9, 3))
-#> 6144 3.041 3.042
+#> 6144 3.029 3.042
 serving = []
 for batch in (1, 4, 16, 64, 256):
     read = moe_step_params(QWEN3_30B_A3B, batch)
@@ -62,8 +62,8 @@ for batch in (1, 4, 16, 64, 256):
                     "ratio": read / dense_n,
                     "moe_ms": 2 * read / (H200.hbm_tb_per_s * 1e12) * 1e3,
                     "dense_ms": 2 * dense_n / (H200.hbm_tb_per_s * 1e12) * 1e3})  # fmt: skip
-    print(f"batch {batch:<3} experts/layer {serving[-1]['experts']:5.1f}  "
-          f"MoE reads {serving[-1]['ratio']:.2f}x the dense model's weights")
+    row = serving[-1]
+    print(f"batch {batch:<3} experts/layer {row['experts']:5.1f}  MoE reads {row['ratio']:.2f}x")
     #> batch 1   experts/layer   8.0  MoE reads 1.00x the dense model's weights
     #> batch 4   experts/layer  29.0  MoE reads 3.27x the dense model's weights
     #> batch 16  experts/layer  82.4  MoE reads 9.17x the dense model's weights
@@ -84,12 +84,12 @@ storage += [{"store": f"top-{k}", "bytes": bytes_per_token(V, k, 2, ids)["topk"]
             for k in (16, 64, 256)]  # bf16 values, int32 ids  # fmt: skip
 for row in storage:
     row["tb_per_billion"] = row["bytes"] * 1e9 / 1e12
-    print(f"{row['store']:9} {row['bytes']:>7,} B/token  {row['tb_per_billion']:8.3f} TB/1e9 tokens")
-    #> full fp32              607,744 B/token   607.744 TB per 1e9 tokens
-    #> full bf16              303,872 B/token   303.872 TB per 1e9 tokens
-    #> top-16 bf16 + int32         96 B/token     0.096 TB per 1e9 tokens
-    #> top-64 bf16 + int32        384 B/token     0.384 TB per 1e9 tokens
-    #> top-256 bf16 + int32     1,536 B/token     1.536 TB per 1e9 tokens
+    print(f"{row['store']:9} {row['bytes']:>7,} B/token  {row['tb_per_billion']:8.3f} TB/1e9")
+    #> full-fp32 607,744 B/token   607.744 TB/1e9 tokens
+    #> full-bf16 303,872 B/token   303.872 TB/1e9 tokens
+    #> top-16         96 B/token     0.096 TB/1e9 tokens
+    #> top-64        384 B/token     0.384 TB/1e9 tokens
+    #> top-256     1,536 B/token     1.536 TB/1e9 tokens
 # --8<-- [end:storage]
 
 # --8<-- [start:compute]
@@ -105,8 +105,8 @@ for t in teachers:
                         "teacher_gflop": f["teacher_forward"] / 1e9,
                         "student_gflop": f["student_train"] / 1e9,
                         "teacher_share": f["teacher_share"]})  # fmt: skip
-print(f"{compute[0]['teacher']} -> {compute[0]['student']}: teacher "
-      f"{compute[0]['teacher_share']:.0%} of the FLOPs")
+first = compute[0]
+print(f"{first['teacher']} -> {first['student']}: teacher {first['teacher_share']:.0%} of FLOPs")
 #> deepseek-v3 -> qwen3-1.7b: teacher 81% of the FLOPs
 # --8<-- [end:compute]
 
