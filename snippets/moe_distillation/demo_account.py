@@ -64,11 +64,11 @@ for batch in (1, 4, 16, 64, 256):
                     "dense_ms": 2 * dense_n / (H200.hbm_tb_per_s * 1e12) * 1e3})  # fmt: skip
     row = serving[-1]
     print(f"batch {batch:<3} experts/layer {row['experts']:5.1f}  MoE reads {row['ratio']:.2f}x")
-    #> batch 1   experts/layer   8.0  MoE reads 1.00x the dense model's weights
-    #> batch 4   experts/layer  29.0  MoE reads 3.27x the dense model's weights
-    #> batch 16  experts/layer  82.4  MoE reads 9.17x the dense model's weights
-    #> batch 64  experts/layer 124.5  MoE reads 13.51x the dense model's weights
-    #> batch 256 experts/layer 128.0  MoE reads 13.88x the dense model's weights
+    #> batch 1   experts/layer   8.0  MoE reads 1.00x
+    #> batch 4   experts/layer  29.1  MoE reads 2.58x
+    #> batch 16  experts/layer  82.4  MoE reads 6.57x
+    #> batch 64  experts/layer 125.9  MoE reads 9.82x
+    #> batch 256 experts/layer 128.0  MoE reads 9.98x
 hold = {"moe_gb": 2 * moe_counts(QWEN3_30B_A3B)["total"] / 1e9,  # bf16 weights to keep
         "dense_gb": 2 * qwen3_params(asdict(dense))["total"] / 1e9}  # fmt: skip
 # --8<-- [end:dense]
@@ -85,11 +85,11 @@ storage += [{"store": f"top-{k}", "bytes": bytes_per_token(V, k, 2, ids)["topk"]
 for row in storage:
     row["tb_per_billion"] = row["bytes"] * 1e9 / 1e12
     print(f"{row['store']:9} {row['bytes']:>7,} B/token  {row['tb_per_billion']:8.3f} TB/1e9")
-    #> full-fp32 607,744 B/token   607.744 TB/1e9 tokens
-    #> full-bf16 303,872 B/token   303.872 TB/1e9 tokens
-    #> top-16         96 B/token     0.096 TB/1e9 tokens
-    #> top-64        384 B/token     0.384 TB/1e9 tokens
-    #> top-256     1,536 B/token     1.536 TB/1e9 tokens
+    #> full-fp32 607,744 B/token   607.744 TB/1e9
+    #> full-bf16 303,872 B/token   303.872 TB/1e9
+    #> top-16         96 B/token     0.096 TB/1e9
+    #> top-64        384 B/token     0.384 TB/1e9
+    #> top-256     1,536 B/token     1.536 TB/1e9
 # --8<-- [end:storage]
 
 # --8<-- [start:compute]
@@ -107,7 +107,7 @@ for t in teachers:
                         "teacher_share": f["teacher_share"]})  # fmt: skip
 first = compute[0]
 print(f"{first['teacher']} -> {first['student']}: teacher {first['teacher_share']:.0%} of FLOPs")
-#> deepseek-v3 -> qwen3-1.7b: teacher 81% of the FLOPs
+#> deepseek-v3 -> qwen3-1.7b: teacher 88% of FLOPs
 # --8<-- [end:compute]
 
 # --8<-- [start:qwen3]
