@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -315,9 +315,6 @@ def run_experiment(teacher, teacher_train: TrainConfig, budget: Budget, spec=Non
     methods = [{"method": m, **{k: over_seeds([r[k] for r in runs if r["method"] == m])
                                 for k in keys}} for m in METHODS]  # fmt: skip
     return {
-        "budget": asdict(budget) | {"tokens": budget.steps * batch * seq_len,
-                                     "batch_size": batch, "seq_len": seq_len,
-                                     "heldout_tokens": held.numel()},
         "teacher": {"heldout_loss": evaluate(teacher, held, batch),
                     "tail_mass": teacher_tail(teacher, held, budget.topk, batch)},
         "runs": runs, "methods": methods,

@@ -490,6 +490,7 @@ def test_experiment_runs_end_to_end_on_the_cpu_stand_ins():
 
     teacher = trained("moe")  # the CPU stand-in, trained in seconds
     out = run_experiment(teacher.model, teacher.train, CPU_BUDGET)
+    assert set(out) == {"teacher", "runs", "methods"}  # every value is shown on the page
     assert [r["method"] for r in out["runs"]] == list(METHODS) * CPU_BUDGET.seeds
     assert [m["method"] for m in out["methods"]] == list(METHODS)
     for r in out["runs"]:
@@ -498,7 +499,6 @@ def test_experiment_runs_end_to_end_on_the_cpu_stand_ins():
     by = {(r["method"], r["seed"]): r for r in out["runs"]}
     for seed in range(CPU_BUDGET.seeds):  # distillation pulls the student towards the teacher
         assert by["fkl", seed]["kl_teacher"] < by["ce", seed]["kl_teacher"]
-    assert out["budget"]["tokens"] == CPU_BUDGET.steps * teacher.train.batch_size * 64
     assert 0 < out["teacher"]["tail_mass"] < 1
     with pytest.raises(ValueError, match="must divide seq_len"):
         run_experiment(teacher.model, teacher.train,
