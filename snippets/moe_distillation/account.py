@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+from snippets.common.models.qwen3 import Qwen3Config
 from snippets.common.models.qwen3_moe import QWEN3_30B_A3B, Qwen3MoeConfig, count_parameters
 from snippets.metrics.training import flops_per_token_6n
 
@@ -36,6 +37,19 @@ def bytes_per_token(vocab: int, k: int, value_bytes: float, id_bytes: float) -> 
 
 
 # --8<-- [end:storage]
+
+
+# --8<-- [start:student]
+def student_config(teacher: Qwen3MoeConfig) -> Qwen3Config:
+    """A dense model with the teacher's attention, norms, vocabulary and depth, and one MLP as
+    wide as the k experts a token goes through: the same active parameters (the router's
+    E x H per layer aside), all of them used by every token."""
+    fields = {f: getattr(teacher, f) for f in Qwen3Config.__dataclass_fields__}
+    width = teacher.num_experts_per_tok * teacher.moe_intermediate_size
+    return Qwen3Config(**(fields | {"intermediate_size": width}))
+
+
+# --8<-- [end:student]
 
 
 # --8<-- [start:counts]

@@ -19,8 +19,8 @@ from snippets.moe_distillation.account import (
     index_bytes,
     moe_counts,
     moe_step_params,
+    student_config,
 )
-from snippets.moe_distillation.experiment import student_config
 
 H200 = load_hardware()["h200-sxm"]
 

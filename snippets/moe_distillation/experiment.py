@@ -29,9 +29,7 @@ import torch
 
 from snippets.common.corpus import token_streams
 from snippets.common.models.qwen3 import Qwen3Config
-from snippets.common.models.qwen3_moe import Qwen3MoeConfig
 from snippets.common.models.trained_configs import load_trained_models
-from snippets.common.results import Stat
 from snippets.common.train import (
     TrainConfig,
     batch_order,
@@ -44,6 +42,7 @@ from snippets.common.train import (
 )
 from snippets.cuda_graph.decode import StaticCache
 from snippets.cuda_graph.graphs import GraphedDecoder
+from snippets.moe_distillation.account import student_config
 from snippets.moe_distillation.losses import forward_kl_loss, teacher_topk, topk_kl_loss
 from snippets.moe_distillation.onpolicy import eager_step, on_policy_loss, sample_continuations
 from snippets.quality_metrics.divergence import forward_kl
@@ -51,17 +50,6 @@ from snippets.quality_metrics.divergence import forward_kl
 METHODS = ("ce", "fkl", "topk", "onpolicy")
 
 
-# --8<-- [start:student]
-def student_config(teacher: Qwen3MoeConfig) -> Qwen3Config:
-    """A dense model with the teacher's attention, norms, vocabulary and depth, and one MLP as
-    wide as the k experts a token goes through: the same active parameters (the router's
-    E x H per layer aside), all of them used by every token."""
-    fields = {f: getattr(teacher, f) for f in Qwen3Config.__dataclass_fields__}
-    width = teacher.num_experts_per_tok * teacher.moe_intermediate_size
-    return Qwen3Config(**(fields | {"intermediate_size": width}))
-
-
-# --8<-- [end:student]
 
 
 # --8<-- [start:budget]
@@ -284,16 +272,16 @@ def run_seed(teacher, teacher_train: TrainConfig, seqs, held, prompts, budget: B
 
 
 # --8<-- [start:run]
-def over_seeds(values) -> Stat:
-    """Median and range over the seeds (not a timing: no spread limit applies)."""
+def median(values) -> float:
+    """The median over the seeds (the result files take a median-and-range only for timings
+    of >= 5 repeats; the per-seed rows carry the spread)."""
     xs = sorted(values)
     mid = len(xs) // 2
-    median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
-    return Stat(median, xs[0], xs[-1], len(xs), derived=True)
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def run_experiment(teacher, teacher_train: TrainConfig, budget: Budget, spec=None) -> dict:
-    """Every seed's four students, and per method the median and range over seeds. `teacher`
+    """Every seed's four students, and per method the median over seeds. `teacher`
     and `teacher_train` are the shared MoE's model and training settings (trained("moe"))."""
     spec = spec or load_trained_models()
     device = next(teacher.parameters()).device
@@ -312,7 +300,7 @@ def run_experiment(teacher, teacher_train: TrainConfig, budget: Budget, spec=Non
     for seed in range(teacher_train.seed, teacher_train.seed + budget.seeds):
         runs += run_seed(teacher, teacher_train, seqs, held, prompts, budget, seed)
     keys = ("heldout_loss", "kl_teacher", "top1", "rkl_samples")
-    methods = [{"method": m, **{k: over_seeds([r[k] for r in runs if r["method"] == m])
+    methods = [{"method": m, **{k: median([r[k] for r in runs if r["method"] == m])
                                 for k in keys}} for m in METHODS]  # fmt: skip
     return {
         "teacher": {"heldout_loss": evaluate(teacher, held, batch),
