@@ -45,7 +45,7 @@ from snippets.cuda_graph.graphs import GraphedDecoder
 from snippets.moe_distillation.account import student_config
 from snippets.moe_distillation.losses import forward_kl_loss, teacher_topk, topk_kl_loss
 from snippets.moe_distillation.onpolicy import eager_step, on_policy_loss, sample_continuations
-from snippets.quality_metrics.divergence import forward_kl
+from snippets.quality_metrics.divergence import forward_kl, top1_agreement
 
 METHODS = ("ce", "fkl", "topk", "onpolicy")
 
@@ -208,9 +208,10 @@ def measure(student, teacher, held: torch.Tensor, prompts: torch.Tensor, budget:
         ids = batch.long()
         with autocast(held.device):
             s, t = student(ids)[:, :-1].float(), teacher(ids)[:, :-1].float()
+        positions = s.shape[0] * s.shape[1]
         kl_sum += forward_kl(t.log_softmax(-1), s.log_softmax(-1)).double().sum().item()
-        agree += (s.argmax(-1) == t.argmax(-1)).sum().item()
-        n += s.shape[0] * s.shape[1]
+        agree += top1_agreement(t, s) * positions
+        n += positions
     gen = torch.Generator(held.device).manual_seed(seed)
     decoder = make_decoder(student, len(prompts), budget.prompt_len + budget.gen_len)
     sampled = sample_continuations(decoder, prompts, budget.gen_len, gen, budget.temperature)

@@ -73,7 +73,7 @@ def _unit(name: str, value: float, *, closed_right: bool = True) -> float:
 def forward_kl_loss(student_logits, teacher_logits, mask=None, temperature: float = 1.0):
     """Hinton et al. 2015: T^2 KL(p_T || q_T), both softmaxes at temperature T. The T^2 keeps
     the gradient's size as T changes (the soft-target gradient scales as 1/T^2 otherwise).
-    g_i = -T p_i / q_i (per unit of the logits s / T), so dL/ds = T (q_T - p_T)."""
+    With respect to q_T, g_i = -T^2 p_i / q_i; through s / T, dL/ds = T (q_T - p_T)."""
     if not temperature > 0:
         raise DistillInputError(f"temperature must be > 0, got {temperature}")
     s, t, mask = check_pair(student_logits, teacher_logits, mask)
