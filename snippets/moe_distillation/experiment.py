@@ -50,8 +50,6 @@ from snippets.quality_metrics.divergence import forward_kl, top1_agreement
 METHODS = ("ce", "fkl", "topk", "onpolicy")
 
 
-
-
 # --8<-- [start:budget]
 @dataclass(frozen=True)
 class Budget:
@@ -68,8 +66,10 @@ class Budget:
 
     def __post_init__(self):
         if not 1 <= self.onpolicy_steps < self.steps:
-            raise ValueError(f"onpolicy_steps must be in [1, steps = {self.steps}): the "
-                             f"on-policy phase follows an fkl phase, got {self.onpolicy_steps}")
+            raise ValueError(
+                f"onpolicy_steps must be in [1, steps = {self.steps}): the "
+                f"on-policy phase follows an fkl phase, got {self.onpolicy_steps}"
+            )
         if not 1 <= self.topk or self.seeds < 1 or self.gen_len < 1 or self.prompt_len < 1:
             raise ValueError(f"topk, seeds, prompt_len and gen_len must be >= 1: {self}")
 
