@@ -258,7 +258,39 @@
     };
   }
 
-  const formulas = { mfu, zero, busbw, "kv-cache": kvCache, wer: werCalculator, speculative };
+
+  // ---- posts/moe-distillation: snippets/moe_distillation/calculators.py, with account.py ----
+
+  // --8<-- [start:distill]
+  // distill_calculator, with bytes_per_token, distill_flops_per_token and gpus_to_hold
+  function distill(x) {
+    if (!(1 <= x.k && x.k <= x.vocab)) throw new RangeError(`k must be in [1, vocab = ${x.vocab}]`);
+    const full = x.vocab * x.value_bytes;
+    const topk = x.k * (x.value_bytes + x.id_bytes);
+    const teacher = 2 * (x.teacher_n_b * 1e9);
+    const student = 6 * (x.student_n_b * 1e9);
+    const tokens = x.tokens_b * 1e9;
+    const rate = x.peak_tflops * 1e12 * x.mfu; // sustained FLOP/s of one GPU
+    return {
+      full_bytes: full,
+      topk_bytes: topk,
+      ratio: full / topk,
+      full_store: tokens * full,
+      topk_store: tokens * topk,
+      teacher_flops: teacher,
+      student_flops: student,
+      teacher_share: teacher / (teacher + student),
+      offline_gpu_h: (tokens * teacher) / rate / 3600,
+      online_gpu_h: (x.epochs * tokens * teacher) / rate / 3600,
+      student_gpu_h: (x.epochs * tokens * student) / rate / 3600,
+      teacher_gpus: Math.ceil((x.teacher_total_b * 1e9 * x.weight_bytes) / (x.memory_gb * 1e9)),
+    };
+  }
+  // --8<-- [end:distill]
+
+  const formulas = {
+    mfu, zero, busbw, "kv-cache": kvCache, wer: werCalculator, speculative, distill,
+  };
   window.handbookCalculator = Object.freeze({ formulas: Object.freeze(formulas) });
 
   // ---- the forms ----

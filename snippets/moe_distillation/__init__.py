@@ -1,0 +1,1 @@
+"""MoE 教师 → Dense 学生蒸馏 (moe-distillation) snippets."""

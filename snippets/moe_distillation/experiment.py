@@ -1,0 +1,313 @@
+"""The experiment: the shared MoE as teacher, dense students of its active size, four ways to
+train them, the same token budget, several seeds.
+
+Each student is trained by the shared models' own loop (snippets/common/train.py: AdamW on
+matrices with weight decay, warm-up then cosine, clipping, the same packed rows in the same
+seeded order, bf16 autocast on the GPU) with one thing swapped: the loss.
+
+  ce        next-token cross-entropy on the data (no teacher: the baseline)
+  fkl       forward KL to the teacher's full distribution at every position (Hinton, T = 1)
+  topk      forward KL to the teacher's top-k, renormalized (what an offline top-k store allows)
+  onpolicy  fkl, then for the last `onpolicy_steps` steps on-policy reverse KL: the student
+            continues prompts cut from the same rows, the teacher grades every position it
+            wrote (GKD with lambda = 1, beta = 1). It starts from the fkl run's own state at
+            that step, so the two differ only in the last phase (as Qwen3's lightweight models
+            go off-policy first, on-policy second).
+
+Every student is then measured on the held-out stream: its next-token loss (the trainer's
+`evaluate`), its forward KL to the teacher and top-1 agreement with it (the quality-metrics
+post's functions), and the reverse KL to the teacher on continuations it samples itself.
+"""
+
+from __future__ import annotations
+
+import copy
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
+
+import torch
+
+from snippets.common.corpus import token_streams
+from snippets.common.models.qwen3 import Qwen3Config
+from snippets.common.models.trained_configs import load_trained_models
+from snippets.common.train import (
+    TrainConfig,
+    batch_order,
+    build_model,
+    deterministic,
+    evaluate,
+    init_weights,
+    lr_factor,
+    rows,
+)
+from snippets.cuda_graph.decode import StaticCache
+from snippets.cuda_graph.graphs import GraphedDecoder
+from snippets.moe_distillation.account import student_config
+from snippets.moe_distillation.losses import forward_kl_loss, teacher_topk, topk_kl_loss
+from snippets.moe_distillation.onpolicy import eager_step, on_policy_loss, sample_continuations
+from snippets.quality_metrics.divergence import forward_kl, top1_agreement
+
+METHODS = ("ce", "fkl", "topk", "onpolicy")
+
+
+# --8<-- [start:budget]
+@dataclass(frozen=True)
+class Budget:
+    steps: int  # optimizer steps per student
+    warmup_steps: int
+    topk: int  # teacher logits kept per position by the top-k method
+    onpolicy_steps: int  # the on-policy method's last phase
+    prompt_len: int  # on-policy prompts: each training row cut into rows of prompt_len
+    gen_len: int  # tokens the student writes after each prompt
+    seeds: int
+    eval_prompts: int  # held-out prompts the students continue for the reverse-KL metric
+    temperature: float = 1.0
+    eval_tokens: int | None = None  # held-out tokens measured (None: the teacher's eval_tokens)
+
+    def __post_init__(self):
+        if not 1 <= self.onpolicy_steps < self.steps:
+            raise ValueError(
+                f"onpolicy_steps must be in [1, steps = {self.steps}): the "
+                f"on-policy phase follows an fkl phase, got {self.onpolicy_steps}"
+            )
+        if not 1 <= self.topk or self.seeds < 1 or self.gen_len < 1 or self.prompt_len < 1:
+            raise ValueError(f"topk, seeds, prompt_len and gen_len must be >= 1: {self}")
+
+
+# On one H200 (an estimate, as the shared models' step times are not measured yet: their data
+# file estimates 10 ms per draft-sized training step and 14 ms per MoE step): per seed, ce
+# 120 x 10 ms, fkl and topk 120 x ~16 ms (the teacher's forward about a third of its training
+# step, plus the KL over 8192 tokens), onpolicy 30 x (63 graph-replayed decode steps of ~1 ms +
+# ~30 ms of forward and backward), measuring four students ~1.5 s: ~10 s, ~30 s for 3 seeds.
+GPU_BUDGET = Budget(steps=120, warmup_steps=12, topk=16, onpolicy_steps=30, prompt_len=32,
+                    gen_len=32, seeds=3, eval_prompts=64)  # fmt: skip
+CPU_BUDGET = Budget(steps=4, warmup_steps=1, topk=8, onpolicy_steps=2, prompt_len=16,
+                    gen_len=16, seeds=2, eval_prompts=4, eval_tokens=1024)  # fmt: skip
+
+
+def train_config(teacher_train: TrainConfig, budget: Budget, seed: int) -> TrainConfig:
+    """The teacher's own training settings (batch, sequence length, learning rate, schedule
+    shape), with the budget's steps and warm-up and the student's seed."""
+    return replace(teacher_train, steps=budget.steps, warmup_steps=budget.warmup_steps, seed=seed)
+
+
+# --8<-- [end:budget]
+
+
+def autocast(device: torch.device):
+    """bf16 autocast on the GPU (as the trainer runs), nothing on the CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
+
+
+# --8<-- [start:loop]
+class Student:
+    """One student and the shared trainer's optimizer, schedule, clipping and batch order;
+    `step(i, loss_fn)` is one iteration of snippets/common/train.py's loop with loss_fn(ids)
+    in place of the next-token loss."""
+
+    def __init__(self, cfg: Qwen3Config, seqs: torch.Tensor, tc: TrainConfig):
+        device = seqs.device
+        with torch.device(device):
+            self.model = build_model(cfg)
+        init_weights(self.model, tc.init_std, tc.seed)
+        self.seqs, self.tc = seqs, tc
+        self.order = batch_order(len(seqs), tc).to(device)
+        params = list(self.model.parameters())
+        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
+                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
+        self.opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2),
+                                     fused=device.type == "cuda")  # fmt: skip
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, tc))
+        self.params, self.device = params, device
+
+    def step(self, i: int, loss_fn) -> torch.Tensor:
+        ids = self.seqs[self.order[i]].long()
+        self.model.train()
+        with autocast(self.device):
+            loss = loss_fn(ids)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        return loss.detach()
+
+    def state(self) -> dict:
+        return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
+                              "sched": self.sched.state_dict()})  # fmt: skip
+
+    def load(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["opt"])
+        self.sched.load_state_dict(state["sched"])
+
+
+# --8<-- [end:loop]
+
+
+# --8<-- [start:losses]
+def loss_fns(student, teacher, budget: Budget, decoder=None, generator=None) -> dict:
+    """loss_fn(ids) of each method; the teacher runs without gradients."""
+    temp = budget.temperature
+
+    def teacher_logits(ids):
+        with torch.no_grad():
+            return teacher(ids)[:, :-1].flatten(0, 1)
+
+    def ce(ids):
+        return student(ids, labels=ids)  # the trainer's own loss
+
+    def fkl(ids):
+        return forward_kl_loss(student(ids)[:, :-1].flatten(0, 1), teacher_logits(ids),
+                               temperature=temp)  # fmt: skip
+
+    def topk(ids):
+        values, idx = teacher_topk(teacher_logits(ids), budget.topk)  # bf16 values, int32 ids
+        return topk_kl_loss(student(ids)[:, :-1].flatten(0, 1), values, idx, temperature=temp)
+
+    def onpolicy(ids):
+        prompts = ids.reshape(-1, budget.prompt_len)  # each row cut into prompts
+        sampled = sample_continuations(decoder, prompts, budget.gen_len, generator, temp)
+        return on_policy_loss(student, teacher, sampled, budget.prompt_len, beta=1.0)
+
+    return {"ce": ce, "fkl": fkl, "topk": topk, "onpolicy": onpolicy}
+
+
+# --8<-- [end:losses]
+
+
+def make_decoder(model, batch: int, max_len: int):
+    """The student's decode step for sampling: replayed as a CUDA graph on the GPU (the
+    cuda-graph post's GraphedDecoder; it reads the weights in place, so it follows training),
+    the eager step elsewhere."""
+    w = next(model.parameters())
+    if w.device.type != "cuda":
+        return eager_step(model, batch, max_len)
+    cache = StaticCache.empty(model.config, batch, max_len, w.dtype, w.device)
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    torch.use_deterministic_algorithms(False)  # capture the plain kernels (the step has no
+    try:  # reduction whose order could vary: the cache write puts each row in its own slot)
+        return GraphedDecoder(model, cache, [batch])
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+# --8<-- [start:measure]
+@torch.no_grad()
+def measure(student, teacher, held: torch.Tensor, prompts: torch.Tensor, budget: Budget,
+            batch_size: int, seed: int = 0) -> dict:  # fmt: skip
+    """A trained student on the held-out rows: its next-token loss, forward KL to the teacher
+    and top-1 agreement with it at every position; and the reverse KL to the teacher at the
+    positions of continuations it samples from held-out prompts (a fixed generator per seed)."""
+    student.eval()
+    kl_sum = agree = n = 0.0
+    for batch in held.split(batch_size):
+        ids = batch.long()
+        with autocast(held.device):
+            s, t = student(ids)[:, :-1].float(), teacher(ids)[:, :-1].float()
+        positions = s.shape[0] * s.shape[1]
+        kl_sum += forward_kl(t.log_softmax(-1), s.log_softmax(-1)).double().sum().item()
+        agree += top1_agreement(t, s) * positions
+        n += positions
+    gen = torch.Generator(held.device).manual_seed(seed)
+    decoder = make_decoder(student, len(prompts), budget.prompt_len + budget.gen_len)
+    sampled = sample_continuations(decoder, prompts, budget.gen_len, gen, budget.temperature)
+    with autocast(held.device):
+        rkl = on_policy_loss(student, teacher, sampled, budget.prompt_len, beta=1.0)
+    return {"heldout_loss": evaluate(student, held, batch_size), "kl_teacher": kl_sum / n,
+            "top1": agree / n, "rkl_samples": rkl.item()}  # fmt: skip
+
+
+@torch.no_grad()
+def teacher_tail(teacher, held: torch.Tensor, k: int, batch_size: int) -> float:
+    """The teacher's mean probability outside its top-k on the held-out positions: the mass
+    the top-k method drops before renormalizing."""
+    total = n = 0.0
+    for batch in held.split(batch_size):
+        with autocast(held.device):
+            p = teacher(batch.long())[:, :-1].float().softmax(-1)
+        total += (1 - p.topk(k, dim=-1).values.sum(-1)).double().sum().item()
+        n += p.shape[0] * p.shape[1]
+    return total / n
+
+
+# --8<-- [end:measure]
+
+
+# --8<-- [start:seed]
+def run_seed(teacher, teacher_train: TrainConfig, seqs, held, prompts, budget: Budget,
+             seed: int) -> list[dict]:  # fmt: skip
+    """The four students of one seed: same initial weights, same batches. The on-policy
+    student resumes the fkl student's state at step steps - onpolicy_steps."""
+    tc = train_config(teacher_train, budget, seed)
+    cfg = student_config(teacher.config)
+    switch = budget.steps - budget.onpolicy_steps
+    out, saved = [], None
+    with deterministic():
+        for method in ("ce", "fkl", "topk", "onpolicy"):
+            st = Student(cfg, seqs, tc)
+            start = 0
+            if method == "onpolicy":
+                st.load(saved)
+                start = switch
+            gen = torch.Generator(seqs.device).manual_seed(seed)
+            decoder = None
+            if method == "onpolicy":
+                n_prompts = tc.batch_size * tc.seq_len // budget.prompt_len
+                decoder = make_decoder(st.model, n_prompts, budget.prompt_len + budget.gen_len)
+            fns = loss_fns(st.model, teacher, budget, decoder, gen)
+            for i in range(start, budget.steps):
+                if method == "fkl" and i == switch:
+                    saved = st.state()
+                st.step(i, fns[method])
+            row = measure(st.model, teacher, held, prompts, budget, tc.batch_size, seed)
+            out.append({"method": method, "seed": seed, **row})
+            del st, fns, decoder
+    return out
+
+
+# --8<-- [end:seed]
+
+
+# --8<-- [start:run]
+def median(values) -> float:
+    """The median over the seeds (the result files take a median-and-range only for timings
+    of >= 5 repeats; the per-seed rows carry the spread)."""
+    xs = sorted(values)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def run_experiment(teacher, teacher_train: TrainConfig, budget: Budget, spec=None) -> dict:
+    """Every seed's four students, and per method the median over seeds. `teacher`
+    and `teacher_train` are the shared MoE's model and training settings (trained("moe"))."""
+    spec = spec or load_trained_models()
+    device = next(teacher.parameters()).device
+    train_stream, heldout_stream = token_streams(spec)
+    seq_len, batch = teacher_train.seq_len, teacher_train.batch_size
+    if seq_len % budget.prompt_len:
+        raise ValueError(f"prompt_len {budget.prompt_len} must divide seq_len {seq_len}: "
+                         "each training row is cut into on-policy prompts")  # fmt: skip
+    seqs = rows(train_stream, seq_len).to(device)
+    n_held = max(1, (budget.eval_tokens or teacher_train.eval_tokens) // seq_len)
+    held = rows(heldout_stream, seq_len)[:n_held].to(device)
+    after = rows(heldout_stream[n_held * seq_len :], budget.prompt_len)  # held out, after `held`
+    prompts = after[: budget.eval_prompts].long().to(device)
+    teacher = teacher.eval()
+    runs = []
+    for seed in range(teacher_train.seed, teacher_train.seed + budget.seeds):
+        runs += run_seed(teacher, teacher_train, seqs, held, prompts, budget, seed)
+    keys = ("heldout_loss", "kl_teacher", "top1", "rkl_samples")
+    methods = [{"method": m, **{k: median([r[k] for r in runs if r["method"] == m])
+                                for k in keys}} for m in METHODS]  # fmt: skip
+    return {
+        "teacher": {"heldout_loss": evaluate(teacher, held, batch),
+                    "tail_mass": teacher_tail(teacher, held, budget.topk, batch)},
+        "runs": runs, "methods": methods,
+    }  # fmt: skip
+
+
+# --8<-- [end:run]
