@@ -149,8 +149,8 @@ def test_compiled_latency_with_a_stand_in_timer(monkeypatch):
     it loads the graph from its cache, so the flag is only checked to be a bool here.)"""
     seen = []
 
-    def stand_in(fn, *, calls, warmup=3, settle_s=1.0):
-        seen.append((calls, warmup, settle_s))
+    def stand_in(fn, *, calls, warmup=3, settle_s=1.0, repeats=15, fastest=False):
+        seen.append((calls, warmup, settle_s, repeats, fastest))
         fn()
         fn()
         return Stat.of([1.0] * 7, "python")
@@ -164,7 +164,7 @@ def test_compiled_latency_with_a_stand_in_timer(monkeypatch):
     assert set(out) == {"compile_ms", "compile_s", "cudagraph_skipped"}
     assert out["compile_ms"] == Stat.of([1.0] * 7, "python") and out["compile_s"] > 0
     assert isinstance(out["cudagraph_skipped"], bool)
-    assert seen == [(measure.CALLS, measure.CALLS, 0.25)]
+    assert seen == [(measure.EAGER_CALLS, measure.CALLS, 0.25, measure.EAGER_REPEATS, True)]
 
 
 # GPU ---------------------------------------------------------------------------------------
