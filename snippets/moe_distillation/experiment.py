@@ -75,10 +75,11 @@ class Budget:
 
 
 # On one H200 (an estimate, as the shared models' step times are not measured yet: their data
-# file estimates 10 ms per draft-sized training step and 14 ms per MoE step): per seed, ce
-# 120 x 10 ms, fkl and topk 120 x ~16 ms (the teacher's forward about a third of its training
-# step, plus the KL over 8192 tokens), onpolicy 30 x (63 graph-replayed decode steps of ~1 ms +
-# ~30 ms of forward and backward), measuring four students ~1.5 s: ~10 s, ~30 s for 3 seeds.
+# file estimates ~32 ms per draft-sized training step and ~50 ms per MoE step of 32 sequences,
+# both bound by the CPU): per seed, ce 120 x 32 ms, fkl and topk 120 x ~50 ms (the teacher's
+# forward about a third of its training step, plus the KL over 16384 tokens), onpolicy
+# 30 x (63 graph-replayed decode steps of ~1 ms + ~60 ms of forward and backward), measuring
+# four students ~3 s: ~25 s, ~75 s for 3 seeds.
 GPU_BUDGET = Budget(steps=120, warmup_steps=12, topk=16, onpolicy_steps=30, prompt_len=32,
                     gen_len=32, seeds=3, eval_prompts=64)  # fmt: skip
 CPU_BUDGET = Budget(steps=4, warmup_steps=1, topk=8, onpolicy_steps=2, prompt_len=16,
