@@ -149,18 +149,9 @@ def reproduce(models: dict[str, MoeModel]) -> list[dict]:
 MODELS = load_moe_models()
 rows = reproduce(MODELS)
 for r in rows:
-    print(f"{r['model']:16} {r['figure']:13} {r['ours_b']:8.2f}B  {r['published']:>6}  "
-    #> qwen3-30b-a3b    total            30.53B   30.5B  True
-    #> qwen3-30b-a3b    active            3.35B    3.3B  True
-    #> qwen3-30b-a3b    non_embedding    29.91B   29.9B  True
-    #> qwen3-235b-a22b  total           235.09B    235B  True
-    #> qwen3-235b-a22b  active           22.19B     22B  True
-    #> qwen3-235b-a22b  non_embedding   233.85B    234B  True
-    #> mixtral-8x7b     total            46.70B   46.7B  True
-    #> mixtral-8x7b     active           12.88B   12.9B  True
-    #> deepseek-v3      total           671.03B    671B  True
-    #> deepseek-v3      active           37.55B     37B  True
-          f"{r['agrees']}")  # fmt: skip
+    line = (f"{r['model']:16} {r['figure']:13} {r['ours_b']:8.2f}B  {r['published']:>6}  "
+            f"{r['agrees']}")  # fmt: skip
+    print(line)
     #> qwen3-30b-a3b    total            30.53B   30.5B  True
     #> qwen3-30b-a3b    active            3.35B    3.3B  True
     #> qwen3-30b-a3b    non_embedding    29.91B   29.9B  True
@@ -186,16 +177,13 @@ for name, model in MODELS.items():
                       "train_gflops": f["total"] / 1e9, "six_n_gflops": 6 * p["active_matmul"]
                       / 1e9, "attention_share": f["attention"] / f["total"],
                       "moe_act_kib": act / 1024})  # fmt: skip
-    print(f"{name:16} {p['active'] / p['total']:6.1%} {f['total'] / 1e9:7.1f} GFLOP/token "
+    line = (f"{name:16} {p['active'] / p['total']:6.1%} {f['total'] / 1e9:7.1f} GFLOP/token "
+            f"{act / 1024:6.1f} KiB/token/layer")  # fmt: skip
+    print(line)
     #> qwen3-30b-a3b     11.0%    23.1 GFLOP/token  112.6 KiB/token/layer
     #> qwen3-235b-a22b    9.4%   148.3 GFLOP/token  224.6 KiB/token/layer
     #> mixtral-8x7b      27.6%    79.7 GFLOP/token  256.1 KiB/token/layer
     #> deepseek-v3        5.6%   250.5 GFLOP/token  369.1 KiB/token/layer
-          f"{act / 1024:6.1f} KiB/token/layer")  # fmt: skip
-    #> qwen3-30b-a3b    11.0%    22.9 GFLOP/token  100.5 KiB/token/layer
-    #> qwen3-235b-a22b   9.4%   144.4 GFLOP/token  172.5 KiB/token/layer
-    #> mixtral-8x7b     27.6%    80.9 GFLOP/token  432.0 KiB/token/layer
-    #> deepseek-v3       5.6%   250.4 GFLOP/token  341.0 KiB/token/layer
 # --8<-- [end:per_token]
 
 computed_result("moe-training", "accounting", {
