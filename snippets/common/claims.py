@@ -193,13 +193,17 @@ class Results:
     loaded: dict = field(default_factory=dict)
     pending: frozenset = frozenset()  # posts awaiting a GPU run: their due records are not shown
     root: Path = ROOT  # the repository the records' sources and commits are checked against
+    due: dict = field(default_factory=dict)  # record path -> record_due, asked once per record
 
     def record(self, slug: str, name: str) -> dict:
         if "/" in name:
             slug, name = name.split("/", 1)
         if name == DATA:
             return hardware_record()
-        if slug in self.pending and record_due(self.base / slug / f"{name}.json", self.root):
+        path = self.base / slug / f"{name}.json"
+        if slug in self.pending and path not in self.due:  # its import closure, git: seconds
+            self.due[path] = record_due(path, self.root)
+        if slug in self.pending and self.due[path]:
             raise Pending(f"results/{slug}/{name}.json awaits a GPU run (`nox -s gpu_docs -- "
                           f"{slug}`)")  # fmt: skip
         key = (slug, name)
