@@ -53,7 +53,8 @@ CODE = [HERE / "train.py", HERE / "corpus.py", HERE / "models" / "qwen3.py",
         HERE / "models" / "qwen3_moe.py"]  # fmt: skip
 
 
-STEP_CHUNKS = 46  # 45 repeats after the warm-up chunk: python-fastest keeps 15 of them
+STEP_CHUNKS = 46  # 45 repeats after the chunk that holds the warm-up and the capture
+GRAPH_WARMUP = 3  # eager steps before the step that is captured (CUDA only)
 
 
 class TrainingError(RuntimeError):
@@ -133,8 +134,8 @@ def losses_of(model: nn.Module, ids: torch.Tensor):
 
 
 def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    if device.type == "cuda":  # no cast cache: a captured graph must not hold cached casts
+        return torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False)
     return nullcontext()
 
 
@@ -178,18 +179,83 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> dict:
-    """Train `model` (on its device) in place from its current weights; returns the stats."""
+class _Steps:
+    """Runs training steps. On CUDA the first GRAPH_WARMUP steps run eagerly on a side stream
+    (lazy initialisation, cuBLAS workspaces, the optimizer's state), the next one is captured
+    as one CUDA graph (the cuda-graph post's whole-step capture) and every step from it on is
+    a replay over the static batch: the small models' steps were bound by launching ~1000
+    kernels from Python. If capture fails the steps stay eager and `graph_error` says why."""
+
+    def __init__(self, step, ids: torch.Tensor, graph: bool = True):
+        self.step, self.ids, self.graph, self.out = step, ids, None, None
+        self.cuda = graph and ids.device.type == "cuda"
+        self.graph_error, self.done = None, 0
+
+    def __call__(self, batch):
+        self.ids.copy_(batch)
+        self.done += 1
+        if self.graph is not None:
+            self.graph.replay()
+            return self.out
+        if not self.cuda or self.graph_error is not None:
+            return self.step()
+        if self.done <= GRAPH_WARMUP:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self.step()
+            torch.cuda.current_stream().wait_stream(side)
+            return out
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                out = self.step()
+        except RuntimeError as exc:  # recorded in the stats; the run goes on eagerly
+            self.graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            torch.cuda.synchronize()
+            return self.step()
+        self.graph, self.out = graph, out
+        graph.replay()  # capture records the step; the replay runs it
+        return out
+
+
+def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig, *,
+          graph: bool = True) -> dict:  # fmt: skip
+    """Train `model` (on its device) in place from its current weights; returns the stats.
+    graph=False keeps every CUDA step eager (tests compare the two)."""
     device = next(model.parameters()).device
+    cuda = device.type == "cuda"
     seqs = rows(train_stream, tc.seq_len).to(device)
     held = rows(heldout_stream, tc.seq_len)[: max(1, tc.eval_tokens // tc.seq_len)].to(device)
     order = batch_order(len(seqs), tc).to(device)
     params = list(model.parameters())
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
-    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2),
-                            fused=device.type == "cuda")  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: lr_factor(step, tc))
+    # on CUDA the learning rate is a tensor that a replayed step reads; filled before each step
+    lr = torch.tensor(tc.lr, device=device) if cuda else tc.lr
+    opt = torch.optim.AdamW(groups, lr=lr, betas=(tc.beta1, tc.beta2), fused=cuda,
+                            capturable=cuda)  # fmt: skip
+
+    def set_lr(step: int) -> None:
+        value = tc.lr * lr_factor(step, tc)
+        for group in opt.param_groups:
+            if cuda:
+                group["lr"].fill_(value)
+            else:
+                group["lr"] = value
+
+    ids = torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long, device=device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)  # in capture: the gradients go to the graph's pool
+        with _autocast(device):
+            lm, aux = losses_of(model, ids)
+        (lm if aux is None else lm + aux).backward()
+        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
+        opt.step()
+        return lm.detach(), None if aux is None else aux.detach()
+
+    run = _Steps(step, ids, graph)
     with deterministic():
         init_loss = evaluate(model, held, tc.batch_size)
         lm_losses = torch.zeros(tc.steps, device=device)
@@ -197,22 +263,15 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> di
         model.train()
         bounds = chunk_bounds(tc.steps)
         marks = []  # perf_counter at each bound
-        for step in range(tc.steps):
-            if step in bounds:
+        for i in range(tc.steps):
+            if i in bounds:
                 _sync(device)
                 marks.append(time.perf_counter())
-            ids = seqs[order[step]].long()
-            with _autocast(device):
-                lm, aux = losses_of(model, ids)
-            loss = lm if aux is None else lm + aux
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-            opt.step()
-            sched.step()
-            lm_losses[step] = lm.detach()
+            set_lr(i)
+            lm, aux = run(seqs[order[i]])
+            lm_losses[i] = lm
             if aux is not None:
-                aux_losses[step] = aux.detach()
+                aux_losses[i] = aux
         _sync(device)
         marks.append(time.perf_counter())
         wall = marks[-1] - marks[0]
@@ -235,6 +294,8 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig) -> di
         "wall_s": wall,
         "tokens_per_s": tokens / wall,
         "step_ms": step_ms,
+        "graphed": run.graph is not None,
+        "graph_error": run.graph_error,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": "bf16 autocast, fp32 weights" if device.type == "cuda" else "fp32",
         "torch": str(torch.__version__),

@@ -4,6 +4,7 @@ cache for the posts that load them, time the target's decode step; write
 results/trained-models/{training,decode}.json, then fail if a model missed its held-out loss."""
 
 import copy
+import time
 
 import torch
 
@@ -26,12 +27,14 @@ runs, stats = [], []
 for name, entry in spec.models.items():
     first = entry.train["seed"]
     for seed in range(first, first + entry.seeds):
+        started = time.perf_counter()
         run = train_new(name, seed=seed, spec=spec)
         if seed == first:
             save(run)  # the checkpoint that trained(name) loads in the later posts
         if name == "target" and seed == first:
             target = run.model
-        runs.append(run_row(name, run.stats, n_matmul[name], peak))
+        run_s = time.perf_counter() - started
+        runs.append(run_row(name, run.stats, n_matmul[name], peak, run_s))
         stats.append((name, run.stats))
         del run
 # --8<-- [end:train]

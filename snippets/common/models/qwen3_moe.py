@@ -65,15 +65,38 @@ def route(logits, top_k: int, norm_topk_prob: bool):
     return weights.to(logits.dtype), experts
 
 
+def static_capacity(x) -> bool:
+    """True while a CUDA graph is being captured: no host sync is allowed."""
+    return x.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+class _Take(torch.autograd.Function):
+    """rows = x[index], a zero row where index == len(x); backward: grad[back], likewise.
+    For two index maps that invert each other on the rows they touch, the backward is a
+    gather too: no scatter, no atomics, no host sync (deterministic, CUDA-graph capturable)."""
+
+    @staticmethod
+    def forward(ctx, x, index, back):
+        ctx.save_for_backward(back)
+        return torch.cat([x, x.new_zeros(1, x.shape[-1])])[index]
+
+    @staticmethod
+    def backward(ctx, grad):
+        (back,) = ctx.saved_tensors
+        return torch.cat([grad, grad.new_zeros(1, grad.shape[-1])])[back], None, None
+
+
 class Experts(nn.Module):
     """E SwiGLU MLPs in two 3-D tensors. The (token, expert) slots are sorted by expert (a
     stable sort) and laid out as one [E, C, H] batch, C the most slots any expert got (zeros
     pad the rest): two batched matmuls run every expert at once, dropless. Padding rows are
     zero in and never read out, so they add nothing to outputs or gradients; an expert that
-    receives no token gets a zero gradient. No scatter-add: the slots are put back by a
-    permutation and the k outputs of a token are summed in a fixed order. (A loop over the
-    experts computes the same; on the GPU it launched ~6 kernels per expert per layer, and
-    training was bound by the CPU.)"""
+    receives no token gets a zero gradient. Slots move by gathers only (their backward is the
+    inverse gather) and the k outputs of a token are summed in a fixed order. While a CUDA
+    graph is being captured, C is the token count (no expert gets a token twice), the bound
+    that needs no host sync; otherwise it is read once a layer. (A loop over the experts
+    computes the same; on the GPU it launched ~6 kernels per expert per layer, and training
+    was bound by the CPU.)"""
 
     def __init__(self, cfg: Qwen3MoeConfig, kernels: Kernels):
         super().__init__()
@@ -87,18 +110,25 @@ class Experts(nn.Module):
     def forward(self, x, weights, experts):
         """x [T, H], weights and experts [T, k] -> [T, H]."""
         t, k = experts.shape
-        n_experts = self.gate_up_proj.shape[0]
-        flat = experts.flatten()
-        order = torch.argsort(flat, stable=True)  # slot j*k + r: token j's r-th expert
-        expert = flat[order]  # the sorted slots' experts
-        counts = torch.bincount(flat, minlength=n_experts)
-        row = torch.arange(t * k, device=x.device) - (counts.cumsum(0) - counts)[expert]
-        capacity = int(counts.max())  # the one host sync of the layer
-        batch = x.new_zeros(n_experts, capacity, x.shape[-1])
-        batch[expert, row] = x[order // k]
+        n_experts, dev = self.gate_up_proj.shape[0], x.device
+        flat = experts.flatten()  # slot j*k + r: token j's r-th expert
+        order = torch.argsort(flat, stable=True)  # sorted position -> slot
+        expert = flat[order]
+        first = torch.searchsorted(expert, torch.arange(n_experts + 1, device=dev))
+        row = torch.arange(t * k, device=dev) - first[expert]  # place within its expert
+        cap = t if static_capacity(x) else int(first.diff().max())  # the layer's one sync
+        # position e*cap + c of the batch <-> sorted slot first[e] + c (t*k: a zero row)
+        c = torch.arange(cap, device=dev)
+        src = first[:-1, None] + c
+        src = torch.where(c < first.diff()[:, None], src, t * k).flatten()
+        src = torch.where(src < t * k, order[src.clamp(max=t * k - 1)], t * k)
+        dst = (expert * cap + row)[torch.argsort(order)]  # slot -> its position in the batch
+        h = x.shape[-1]
+        slots = x.unsqueeze(1).expand(t, k, h).reshape(t * k, h)
+        batch = _Take.apply(slots, src, dst).view(n_experts, cap, h)
         gate, up = torch.bmm(batch, self.gate_up_proj.transpose(1, 2)).chunk(2, dim=-1)
         out = torch.bmm(self.act(gate, up), self.down_proj.transpose(1, 2))  # [E, C, H]
-        by_slot = out[expert, row][torch.argsort(order)].view(t, k, -1)
+        by_slot = _Take.apply(out.view(-1, h), dst, src).view(t, k, h)
         return (by_slot * weights.unsqueeze(-1)).sum(dim=1)
 
 
