@@ -179,44 +179,92 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Steps:
-    """Runs training steps. On CUDA the first GRAPH_WARMUP steps run eagerly on a side stream
-    (lazy initialisation, cuBLAS workspaces, the optimizer's state), the next one is captured
-    as one CUDA graph (the cuda-graph post's whole-step capture) and every step from it on is
-    a replay over the static batch: the small models' steps were bound by launching ~1000
-    kernels from Python. If capture fails the steps stay eager and `graph_error` says why."""
+class Trainer:
+    """The shared optimizer step around a loss: AdamW with decoupled weight decay on matrices
+    only, the warm-up + cosine schedule, gradient clipping. `loss_fn(ids)` returns (the loss
+    to minimise, what to log: detached tensors). On CUDA the first GRAPH_WARMUP steps run
+    eagerly on a side stream (lazy initialisation, cuBLAS workspaces, the optimizer's state),
+    the next one is captured as one CUDA graph (the cuda-graph post's whole-step capture) and
+    every later step copies its batch into the static `ids`, writes the learning rate into the
+    tensor the optimizer reads, and replays: the small models' eager steps were bound by
+    launching ~1000 kernels from Python. If capture fails, the steps stay eager and
+    `graph_error` says why. graph=False keeps every step eager."""
 
-    def __init__(self, step, ids: torch.Tensor, graph: bool = True):
-        self.step, self.ids, self.graph, self.out = step, ids, None, None
-        self.cuda = graph and ids.device.type == "cuda"
-        self.graph_error, self.done = None, 0
+    def __init__(self, model: nn.Module, tc: TrainConfig, loss_fn, *, graph: bool = True):
+        self.model, self.tc, self.loss_fn = model, tc, loss_fn
+        device = next(model.parameters()).device
+        self.device, self.cuda = device, device.type == "cuda"
+        self.params = list(model.parameters())
+        mats = [p for p in self.params if p.ndim >= 2]
+        vecs = [p for p in self.params if p.ndim < 2]
+        groups = [{"params": mats, "weight_decay": tc.weight_decay},
+                  {"params": vecs, "weight_decay": 0.0}]  # fmt: skip
+        lr = torch.tensor(tc.lr, device=device) if self.cuda else tc.lr  # a replay reads it
+        self.opt = torch.optim.AdamW(groups, lr=lr, betas=(tc.beta1, tc.beta2),
+                                     fused=self.cuda, capturable=self.cuda)  # fmt: skip
+        self.ids = torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long, device=device)
+        self.graphing = graph and self.cuda
+        self.graph = self.out = self.graph_error = None
+        self.done = 0
 
-    def __call__(self, batch):
+    def set_lr(self, step: int) -> None:
+        value = self.tc.lr * lr_factor(step, self.tc)
+        for group in self.opt.param_groups:
+            if self.cuda:
+                group["lr"].fill_(value)
+            else:
+                group["lr"] = value
+
+    def _step(self):
+        self.opt.zero_grad(set_to_none=True)  # in capture: the gradients go to the graph's pool
+        with _autocast(self.device):
+            loss, logged = self.loss_fn(self.ids)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
+        self.opt.step()
+        return logged
+
+    def step(self, i: int, batch: torch.Tensor):
+        """Optimizer step i (its learning rate) on `batch` [batch_size, seq_len]; what
+        loss_fn logs (on CUDA after capture: the graph's output tensors, read them before
+        the next step)."""
+        self.set_lr(i)
         self.ids.copy_(batch)
         self.done += 1
         if self.graph is not None:
             self.graph.replay()
             return self.out
-        if not self.cuda or self.graph_error is not None:
-            return self.step()
+        if not self.graphing or self.graph_error is not None:
+            return self._step()
         if self.done <= GRAPH_WARMUP:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                out = self.step()
+                out = self._step()
             torch.cuda.current_stream().wait_stream(side)
             return out
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                out = self.step()
+                out = self._step()
         except RuntimeError as exc:  # recorded in the stats; the run goes on eagerly
             self.graph_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
             torch.cuda.synchronize()
-            return self.step()
+            return self._step()
         self.graph, self.out = graph, out
         graph.replay()  # capture records the step; the replay runs it
         return out
+
+
+def lm_loss_fn(model: nn.Module):
+    """The trainer's own loss: next-token loss (+ the weighted router loss of a MoE)."""
+
+    def loss_fn(ids):
+        lm, aux = losses_of(model, ids)
+        logged = (lm.detach(), None if aux is None else aux.detach())
+        return (lm if aux is None else lm + aux), logged
+
+    return loss_fn
 
 
 def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig, *,
@@ -224,38 +272,11 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig, *,
     """Train `model` (on its device) in place from its current weights; returns the stats.
     graph=False keeps every CUDA step eager (tests compare the two)."""
     device = next(model.parameters()).device
-    cuda = device.type == "cuda"
     seqs = rows(train_stream, tc.seq_len).to(device)
     held = rows(heldout_stream, tc.seq_len)[: max(1, tc.eval_tokens // tc.seq_len)].to(device)
     order = batch_order(len(seqs), tc).to(device)
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
-    # on CUDA the learning rate is a tensor that a replayed step reads; filled before each step
-    lr = torch.tensor(tc.lr, device=device) if cuda else tc.lr
-    opt = torch.optim.AdamW(groups, lr=lr, betas=(tc.beta1, tc.beta2), fused=cuda,
-                            capturable=cuda)  # fmt: skip
-
-    def set_lr(step: int) -> None:
-        value = tc.lr * lr_factor(step, tc)
-        for group in opt.param_groups:
-            if cuda:
-                group["lr"].fill_(value)
-            else:
-                group["lr"] = value
-
-    ids = torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long, device=device)
-
-    def step():
-        opt.zero_grad(set_to_none=True)  # in capture: the gradients go to the graph's pool
-        with _autocast(device):
-            lm, aux = losses_of(model, ids)
-        (lm if aux is None else lm + aux).backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        opt.step()
-        return lm.detach(), None if aux is None else aux.detach()
-
-    run = _Steps(step, ids, graph)
+    run = Trainer(model, tc, lm_loss_fn(model), graph=graph)
+    params = run.params
     with deterministic():
         init_loss = evaluate(model, held, tc.batch_size)
         lm_losses = torch.zeros(tc.steps, device=device)
@@ -267,8 +288,7 @@ def train(model: nn.Module, train_stream, heldout_stream, tc: TrainConfig, *,
             if i in bounds:
                 _sync(device)
                 marks.append(time.perf_counter())
-            set_lr(i)
-            lm, aux = run(seqs[order[i]])
+            lm, aux = run.step(i, seqs[order[i]])
             lm_losses[i] = lm
             if aux is not None:
                 aux_losses[i] = aux

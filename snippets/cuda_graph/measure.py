@@ -2,8 +2,8 @@
 
 Every time is seen from Python, CPU overhead included: a decode step by step_ms (each step
 waited for, as a loop that reads every token; the median step of each repeat; eager, which is
-CPU-bound, by the fastest third of its repeats), a training step by python_ms (the wall clock
-of back-to-back steps).
+CPU-bound, by the fastest third of its repeats), a training step likewise (each step waited
+for, as a loop that reads its loss every step; the CPU-bound small one by the fastest third).
 """
 
 import time
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import torch
 
-from snippets.common.bench import python_ms, step_ms
+from snippets.common.bench import step_ms
 from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM
 from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
@@ -110,9 +110,10 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
 
 
 # --8<-- [start:train]
-def train_step_times(cfg, batch: int, seq: int, dtype, calls: int) -> dict:
-    """One training step (forward, backward, fused AdamW) eager and as a replayed graph;
-    `calls` steps per timed repeat."""
+def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, fastest: bool) -> dict:
+    """One training step (forward, backward, fused AdamW) eager and as a replayed graph, each
+    step waited for, `calls` steps per repeat; eager by the fastest third where it is bound by
+    the CPU (`fastest`), as the eager decode step."""
     model = build(cfg, dtype).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
@@ -122,9 +123,9 @@ def train_step_times(cfg, batch: int, seq: int, dtype, calls: int) -> dict:
         model(ids, labels=ids).backward()
         opt.step()
 
-    eager_ms = python_ms(eager, calls=calls)
+    eager_ms = step_ms(eager, calls=calls, fastest=fastest)
     graph, _ = captured_train_step(model, opt, ids)
-    graph_ms = python_ms(graph.replay, calls=calls)
+    graph_ms = step_ms(graph.replay, calls=calls, settle_s=0.25)
     return {"eager_ms": eager_ms, "graph_ms": graph_ms, "speedup": eager_ms / graph_ms}
 
 

@@ -32,12 +32,12 @@ from snippets.common.models.qwen3 import Qwen3Config
 from snippets.common.models.trained_configs import load_trained_models
 from snippets.common.train import (
     TrainConfig,
+    Trainer,
     batch_order,
     build_model,
     deterministic,
     evaluate,
     init_weights,
-    lr_factor,
     rows,
 )
 from snippets.cuda_graph.decode import StaticCache
@@ -74,12 +74,11 @@ class Budget:
             raise ValueError(f"topk, seeds, prompt_len and gen_len must be >= 1: {self}")
 
 
-# On one H200 (an estimate, as the shared models' step times are not measured yet: their data
-# file estimates ~32 ms per draft-sized training step and ~50 ms per MoE step of 32 sequences,
-# both bound by the CPU): per seed, ce 120 x 32 ms, fkl and topk 120 x ~50 ms (the teacher's
-# forward about a third of its training step, plus the KL over 16384 tokens), onpolicy
-# 30 x (63 graph-replayed decode steps of ~1 ms + ~60 ms of forward and backward), measuring
-# four students ~3 s: ~25 s, ~75 s for 3 seeds.
+# On one H200 (an estimate): the students' steps replay CUDA graphs as the shared trainer's
+# do (the draft-sized step ~4 ms, the MoE teacher's forward ~3 ms more for fkl and topk);
+# per seed ce 120 x 4 ms, fkl and topk 120 x ~8 ms, onpolicy (eager: sampling replays graphs
+# of its own) 30 x (63 decode steps of ~1 ms + ~40 ms of forward and backward), measuring
+# four students ~4 s: ~9 s, ~30 s for 3 seeds. Eager (a capture that fails) ~19 s a seed.
 GPU_BUDGET = Budget(steps=120, warmup_steps=12, topk=16, onpolicy_steps=30, prompt_len=32,
                     gen_len=32, seeds=3, eval_prompts=64)  # fmt: skip
 CPU_BUDGET = Budget(steps=4, warmup_steps=1, topk=8, onpolicy_steps=2, prompt_len=16,
@@ -104,45 +103,37 @@ def autocast(device: torch.device):
 
 # --8<-- [start:loop]
 class Student:
-    """One student and the shared trainer's optimizer, schedule, clipping and batch order;
-    `step(i, loss_fn)` is one iteration of snippets/common/train.py's loop with loss_fn(ids)
-    in place of the next-token loss."""
+    """One student and the shared trainer (snippets/common/train.py's `Trainer`: optimizer,
+    schedule, clipping; on the GPU a replayed CUDA graph of the whole step) with
+    loss_fn(ids) in place of the next-token loss, over the trainer's seeded batch order.
+    `use(loss_fn)` binds the loss before the first step (a captured step holds it)."""
 
     def __init__(self, cfg: Qwen3Config, seqs: torch.Tensor, tc: TrainConfig):
-        device = seqs.device
-        with torch.device(device):
+        with torch.device(seqs.device):
             self.model = build_model(cfg)
         init_weights(self.model, tc.init_std, tc.seed)
         self.seqs, self.tc = seqs, tc
-        self.order = batch_order(len(seqs), tc).to(device)
-        params = list(self.model.parameters())
-        groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
-                  {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
-        self.opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2),
-                                     fused=device.type == "cuda")  # fmt: skip
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: lr_factor(s, tc))
-        self.params, self.device = params, device
+        self.order = batch_order(len(seqs), tc).to(seqs.device)
+        self.trainer = None
 
-    def step(self, i: int, loss_fn) -> torch.Tensor:
-        ids = self.seqs[self.order[i]].long()
-        self.model.train()
-        with autocast(self.device):
+    def use(self, loss_fn, *, graph: bool = True) -> None:
+        def logged(ids):
             loss = loss_fn(ids)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.params, self.tc.grad_clip)
-        self.opt.step()
-        self.sched.step()
-        return loss.detach()
+            return loss, loss.detach()
+
+        self.trainer = Trainer(self.model, self.tc, logged, graph=graph)
+
+    def step(self, i: int) -> torch.Tensor:
+        self.model.train()
+        return self.trainer.step(i, self.seqs[self.order[i]])
 
     def state(self) -> dict:
-        return copy.deepcopy({"model": self.model.state_dict(), "opt": self.opt.state_dict(),
-                              "sched": self.sched.state_dict()})  # fmt: skip
+        return copy.deepcopy({"model": self.model.state_dict(),
+                              "opt": self.trainer.opt.state_dict()})  # fmt: skip
 
     def load(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["opt"])
-        self.sched.load_state_dict(state["sched"])
+        self.trainer.opt.load_state_dict(state["opt"])
 
 
 # --8<-- [end:loop]
@@ -250,20 +241,22 @@ def run_seed(teacher, teacher_train: TrainConfig, seqs, held, prompts, budget: B
     with deterministic():
         for method in ("ce", "fkl", "topk", "onpolicy"):
             st = Student(cfg, seqs, tc)
-            start = 0
-            if method == "onpolicy":
-                st.load(saved)
-                start = switch
             gen = torch.Generator(seqs.device).manual_seed(seed)
             decoder = None
             if method == "onpolicy":
                 n_prompts = tc.batch_size * tc.seq_len // budget.prompt_len
                 decoder = make_decoder(st.model, n_prompts, budget.prompt_len + budget.gen_len)
             fns = loss_fns(st.model, teacher, budget, decoder, gen)
+            # sampling replays graphs of its own: the on-policy step stays eager
+            st.use(fns[method], graph=method != "onpolicy")
+            start = 0
+            if method == "onpolicy":
+                st.load(saved)
+                start = switch
             for i in range(start, budget.steps):
                 if method == "fkl" and i == switch:
                     saved = st.state()
-                st.step(i, fns[method])
+                st.step(i)
             row = measure(st.model, teacher, held, prompts, budget, tc.batch_size, seed)
             out.append({"method": method, "seed": seed, **row})
             del st, fns, decoder

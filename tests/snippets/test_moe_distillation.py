@@ -460,9 +460,9 @@ def test_student_loop_with_the_ce_loss_is_the_shared_trainer():
     init_weights(reference, tc.init_std, tc.seed)
     train(reference, train_stream, heldout_stream, tc)
     st = Student(cfg, rows(train_stream, tc.seq_len), tc)
-    ce = loss_fns(st.model, None, CPU_BUDGET)["ce"]
+    st.use(loss_fns(st.model, None, CPU_BUDGET)["ce"])
     for i in range(tc.steps):
-        st.step(i, ce)
+        st.step(i)
     for (name, a), b in zip(reference.state_dict().items(), st.model.state_dict().values(),
                             strict=True):  # fmt: skip
         assert torch.equal(a, b), name
