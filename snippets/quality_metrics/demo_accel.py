@@ -19,8 +19,8 @@ w = hashed_logits(64, 512, seed=3, scale=0.02 / 1.155).float()
 w[::8] *= 10
 ordinary = w[1::8]  # rows of ordinary size
 bf16_err = (ordinary - ordinary.bfloat16().float()).norm() / ordinary.norm()
-print(f"bf16 (for scale)        error / weight on an ordinary row {bf16_err:.4f}")
-#> bf16 (for scale)        error / weight on an ordinary row 0.0017
+print(f"bf16 (for scale)        error / weight {bf16_err:.4f}")  # on the ordinary rows
+#> bf16 (for scale)        error / weight 0.0017
 for fmt in FORMATS:
     for per in GRANULARITIES:
         q, scale = quantize(w, fmt, per)
@@ -30,14 +30,10 @@ for fmt in FORMATS:
         else:  # half an ulp of E4M3: 2^-4 relative; 2^-10 x scale among the subnormals
             bound = torch.maximum(2**-4 * w.abs(), 2**-10 * scale) + 2**-23 * w.abs()
         rel = (err[1::8].norm() / ordinary.norm()).item()
-        print(f"{fmt:4} per {per:6} |error| <= bound: {bool((err.abs() <= bound).all())}, "
-        #> fp8  per tensor |error| <= bound: True, error / weight on an ordinary row 0.0262
-        #> fp8  per row    |error| <= bound: True, error / weight on an ordinary row 0.0264
-        #> int8 per tensor |error| <= bound: True, error / weight on an ordinary row 0.0713
-        #> int8 per row    |error| <= bound: True, error / weight on an ordinary row 0.0065
-              f"error / weight on an ordinary row {rel:.4f}")
-        #> fp8  per tensor |error| <= bound: True, error / weight on an ordinary row 0.0208
-        #> fp8  per row    |error| <= bound: True, error / weight on an ordinary row 0.0206
-        #> int8 per tensor |error| <= bound: True, error / weight on an ordinary row 0.0502
-        #> int8 per row    |error| <= bound: True, error / weight on an ordinary row 0.0055
+        inside = bool((err.abs() <= bound).all())
+        print(f"{fmt:4} per {per:6} |error| <= bound: {inside}, error / weight {rel:.4f}")
+        #> fp8  per tensor |error| <= bound: True, error / weight 0.0262
+        #> fp8  per row    |error| <= bound: True, error / weight 0.0264
+        #> int8 per tensor |error| <= bound: True, error / weight 0.0713
+        #> int8 per row    |error| <= bound: True, error / weight 0.0065
 # --8<-- [end:quantize]
