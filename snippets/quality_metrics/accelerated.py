@@ -142,15 +142,18 @@ def ieee_fp32():
 @dataclass(frozen=True)
 class Plan:
     slices: int  # held-out slices, each its own measurement
-    rows_per_slice: int  # rows of the model's training length per slice
+    rows_per_slice: int
+    seq_len: int | None = None  # tokens per row; None: the model's training length
 
 
 GPU_PLAN = Plan(slices=8, rows_per_slice=8)  # 8 x 8 x 512 = 32,768 held-out tokens
-CPU_PLAN = Plan(slices=2, rows_per_slice=1)  # the CPU stand-in: 2 x 1 x 64 tokens
+CPU_PLAN = Plan(slices=2, rows_per_slice=1, seq_len=32)  # the CPU stand-in, Triton interpreted
 
 
 def heldout_slices(heldout: torch.Tensor, seq_len: int, plan: Plan) -> torch.Tensor:
-    """[slices, rows_per_slice, seq_len]: the first rows of the held-out stream, in order."""
+    """[slices, rows_per_slice, seq_len]: the first rows of the held-out stream, in order;
+    rows of plan.seq_len tokens where the plan sets it, else of `seq_len`."""
+    seq_len = plan.seq_len or seq_len
     held = rows(heldout, seq_len)
     need = plan.slices * plan.rows_per_slice
     if len(held) < need:
