@@ -244,15 +244,15 @@ def summarize(measured: dict) -> dict:
         kl = [r["kl_mean"] for r in rows_]
         per_slice += [{"path": name, "slice": s, "kl_mean": k, "ppl_delta": p}
                       for s, (k, p) in enumerate(zip(kl, ppl, strict=True))]  # fmt: skip
-        flips = torch.cat([r["flip_margins"] for r in rows_])
+        at_flips = torch.cat([r["flip_margins"] for r in rows_])  # margins where top-1 differs
         paths.append({
             "path": name,
             "kl_mean": median(kl), "kl_mean_min": min(kl), "kl_mean_max": max(kl),
             "kl_p99": median(r["kl_p99"] for r in rows_),
             "top1": median(r["top1"] for r in rows_), "top1_min": min(r["top1"] for r in rows_),
             "ppl_delta": median(ppl), "ppl_delta_min": min(ppl), "ppl_delta_max": max(ppl),
-            "flips": int(flips.numel()),
-            "flip_margin": flips.median().item() if flips.numel() else None,
+            "flips": int(at_flips.numel()),
+            "flip_margin": at_flips.median().item() if at_flips.numel() else None,
         })  # fmt: skip
     ratios = band_ratios(measured)
     ref_ppl = [math.exp(ce) for ce in measured["ref_ce"]]
