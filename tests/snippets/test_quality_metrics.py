@@ -4,6 +4,7 @@ edge cases and its errors on bad input."""
 
 import math
 import random
+import statistics
 import unicodedata
 from fractions import Fraction
 
@@ -11,6 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from snippets.common.device import ON_GPU
+from snippets.quality_metrics import accelerated
 from snippets.quality_metrics.calculators import CASES, JIWER_DOCS, wer_calculator
 from snippets.quality_metrics.divergence import (
     forward_kl,
@@ -465,3 +468,248 @@ def test_hashed_logits_are_exact_and_bell_shaped():
     assert torch.equal(z, (z * 2**15 / 3).round() * 3 / 2**15)  # on the grid: exact
     assert z.std().item() == pytest.approx(3 * (4 / 3) ** 0.5, rel=0.02)
     assert z.abs().max() < 12
+
+
+# ------------------------------------------------------------------------------ accelerated paths
+# Section 8: the quantizers, the path models, the per-slice statistics and the band, on small
+# inputs; then the whole measurement on the CPU stand-in of the shared target model (the
+# Triton kernels in fp32: the interpreter mangles bf16), and its record against the page.
+
+
+def e4m3_grid() -> torch.Tensor:
+    """Every finite float8_e4m3fn value, sorted (from the 256 bit patterns)."""
+    values = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+    return values[torch.isfinite(values)].unique()
+
+
+def test_fp8_quantize_picks_the_nearest_e4m3_value():
+    """An independent rounding: the nearest of the enumerated E4M3 values to w / scale (a tie
+    may go either way), normal and subnormal magnitudes alike; the row maximum maps to 448."""
+    gen = torch.Generator().manual_seed(70)
+    w = torch.randn(16, 300, generator=gen) * torch.logspace(-3, 1, 16)[:, None]
+    w[3, :40] *= 1e-4  # reach the subnormals of a row whose maximum is ordinary
+    grid = e4m3_grid()
+    assert grid.max() == 448 and len(grid) == 253  # 126 magnitudes each side of 0
+    for per in ("tensor", "row"):
+        q, scale = accelerated.quantize(w, "fp8", per)
+        assert q.dtype == torch.float8_e4m3fn
+        assert scale.shape == ((16, 1) if per == "row" else (1, 1))
+        x = (w.double() / scale.double()).flatten()
+        dist = (grid[None, :] - x[:, None]).abs()
+        nearest = dist.min(1).values
+        got = (q.double().flatten() - x).abs()
+        assert torch.all(got <= nearest * (1 + 1e-6) + 1e-30)
+        amax = q.double().abs().amax(1 if per == "row" else None)
+        assert torch.all(amax == 448)
+
+
+def test_int8_quantize_rounds_to_the_grid_with_absmax_scales():
+    gen = torch.Generator().manual_seed(71)
+    w = torch.randn(8, 100, generator=gen) * torch.arange(1, 9)[:, None]
+    for per in ("tensor", "row"):
+        q, scale = accelerated.quantize(w, "int8", per)
+        assert q.dtype == torch.int8 and int(q.abs().max()) == 127
+        x = w.double() / scale.double()
+        assert torch.all((q.double() - x).abs() <= 0.5 + 1e-6)
+        if per == "row":  # every row uses its whole grid
+            assert torch.all(q.abs().amax(1) == 127)
+            assert torch.allclose(scale.flatten().double(), w.abs().amax(1).double() / 127)
+    q_row, s_row = accelerated.quantize(w, "int8", "row")
+    q_t, s_t = accelerated.quantize(w, "int8", "tensor")
+    err_row = (w.double() - q_row.double() * s_row.double())[0].norm()
+    err_t = (w.double() - q_t.double() * s_t.double())[0].norm()
+    assert err_row < err_t / 4  # row 0 is 8x smaller than the largest: a finer grid
+
+
+def test_quantize_zero_rows_and_bad_input():
+    for fmt, row in (("fp8", [448.0, -0.5, 0.015625, 0.0, 2**-9]), ("int8", [127.0, -3, 0, 1, 64])):
+        w = torch.zeros(3, 5)
+        w[1] = torch.tensor(row)  # already on the grid, largest = qmax: scale 1, no loss
+        q, scale = accelerated.quantize(w, fmt, "row")
+        assert scale.flatten().tolist() == [1.0, 1.0, 1.0]  # zero rows keep scale 1
+        assert not q[0].double().any() and not q[2].double().any()
+        assert torch.equal(q.double()[1], w[1].double())
+    for bad, match in (
+        ((torch.zeros(4), "int8", "row"), r"\[out, in\]"),
+        ((torch.zeros(2, 2, dtype=torch.int32), "int8", "row"), "float weight"),
+        ((torch.tensor([[1.0, float("inf")]]), "fp8", "row"), "non-finite"),
+        ((w, "int4", "row"), "format must be one of"),
+        ((w, "fp8", "column"), "granularity"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            accelerated.quantize(*bad)
+
+
+def test_quant_linear_is_the_linear_of_the_dequantized_weight():
+    """In fp32 the only differences are rounding: within gamma_(K+2) |x| |W_q|, W_q = q scale."""
+    from snippets.triton_kernels.numerics import gamma
+
+    gen = torch.Generator().manual_seed(72)
+    lin = torch.nn.Linear(96, 40, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(40, 96, generator=gen) * 0.05)
+    x = torch.randn(3, 7, 96, generator=gen)
+    for fmt in ("fp8", "int8"):
+        for per in ("tensor", "row"):
+            ql = accelerated.QuantLinear(lin, fmt, per)
+            wq = ql.q.double() * ql.scale.double().t()
+            exact = x.double() @ wq.t()
+            bound = gamma(96 + 2) * (x.double().abs() @ wq.abs().t())
+            assert torch.all((ql(x).double() - exact).abs() <= bound)
+    with pytest.raises(ValueError, match="bias-free"):
+        accelerated.QuantLinear(torch.nn.Linear(4, 4), "int8", "row")
+
+
+def test_quantized_copy_swaps_exactly_the_decoder_linears():
+    from dataclasses import replace
+
+    from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM(replace(TINY, tie_word_embeddings=True)).to(torch.bfloat16)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    copy_ = accelerated.quantized_copy(model, "int8", "row")
+    swapped = [m for m in copy_.modules() if isinstance(m, accelerated.QuantLinear)]
+    assert len(swapped) == 7 * TINY.num_hidden_layers
+    assert copy_.lm_head.weight is copy_.model.embed_tokens.weight  # still tied, untouched
+    assert torch.equal(copy_.lm_head.weight, model.lm_head.weight)
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # original
+    assert not any(isinstance(m, accelerated.QuantLinear) for m in model.modules())
+    ids = torch.randint(0, TINY.vocab_size, (1, 6), generator=torch.Generator().manual_seed(3))
+    assert copy_(ids).shape == (1, 6, TINY.vocab_size)
+
+
+def test_heldout_slices_are_the_first_rows_in_order():
+    stream = torch.arange(1000, dtype=torch.int32)
+    got = accelerated.heldout_slices(stream, 10, accelerated.Plan(slices=3, rows_per_slice=4))
+    assert got.shape == (3, 4, 10) and torch.equal(got.flatten(), stream[:120])
+    with pytest.raises(ValueError, match="need 200 held-out rows of 10 tokens; the stream has 100"):
+        accelerated.heldout_slices(stream, 10, accelerated.Plan(slices=20, rows_per_slice=10))
+
+
+def test_slice_stats_against_independent_computations():
+    gen = torch.Generator().manual_seed(73)
+    ref = 3 * torch.randn(2, 9, 50, generator=gen)
+    targets = torch.randint(0, 50, (2, 9), generator=gen)
+    same = accelerated.slice_stats(ref, ref.clone(), targets)
+    assert same["kl_mean"] == same["kl_p99"] == 0 and same["top1"] == 1
+    assert same["ce_delta"] == 0 and same["flip_margins"].numel() == 0
+    fast = (ref + 0.3 * torch.randn(2, 9, 50, generator=gen)).bfloat16()
+    got = accelerated.slice_stats(ref, fast, targets)
+    p, q = ref.double().softmax(-1), fast.double().softmax(-1)
+    kl = (p * (p.log() - q.log())).sum(-1).flatten().tolist()
+    assert got["kl_mean"] == pytest.approx(sum(kl) / len(kl), rel=1e-12)
+    assert got["kl_p99"] == pytest.approx(
+        statistics.quantiles(kl, n=100, method="inclusive")[98], rel=1e-12
+    )
+    ce = [F.cross_entropy(x.double().flatten(0, 1), targets.flatten()).item() for x in (fast, ref)]
+    assert got["ce_delta"] == pytest.approx(ce[0] - ce[1], abs=1e-12)
+    flipped = ref.argmax(-1) != fast.float().argmax(-1)
+    assert got["top1"] == 1 - flipped.double().mean().item()
+    top = ref.topk(2, -1).values
+    assert torch.equal(got["flip_margins"], (top[..., 0] - top[..., 1])[flipped])
+
+
+def band_case(**candidate):
+    """Two slices; `round` and `bf16` as given below, one candidate path `x`."""
+
+    def rows(kl, p99, top1, ce):
+        return [{"kl_mean": a, "kl_p99": b, "top1": c, "ce_delta": d}
+                for a, b, c, d in zip(kl, p99, top1, ce, strict=True)]  # fmt: skip
+
+    stats = {
+        "round": rows([1e-6, 2e-6], [4e-6, 5e-6], [1.0, 0.99], [1e-4, -2e-4]),
+        "bf16": rows([3e-6, 5e-6], [9e-6, 8e-6], [0.98, 0.97], [-3e-4, 1e-4]),
+        "x": rows(**candidate),
+    }
+    return {"stats": stats, "ref_ce": [4.0, 5.0], "positions": 100}
+
+
+def test_band_ratios_by_hand():
+    case = band_case(kl=[1e-5, 4e-5], p99=[3.6e-5, 1e-5], top1=[0.95, 0.96], ce=[-5e-4, 2e-4])
+    got = accelerated.band_ratios(case)["x"]
+    assert got["kl_ratio"] == pytest.approx(4e-5 / (4 * 5e-6))  # 2: four times the envelope
+    assert got["p99_ratio"] == pytest.approx(3.6e-5 / (4 * 9e-6))  # 1: exactly on the band
+    assert got["flip_ratio"] == pytest.approx(0.05 / (2 * 0.03 + 1 / 100))
+    eps = torch.finfo(torch.float32).eps
+    assert got["ce_ratio"] == pytest.approx(5e-4 / (2 * 3e-4 + 2 * eps * 5.0))
+    assert set(accelerated.band_ratios(case)) == {"x"}  # no verdict on the band's own paths
+    flat = band_case(kl=[0, 0], p99=[0, 0], top1=[1, 1], ce=[0, 0])
+    for name in ("round", "bf16"):
+        for r in flat["stats"][name]:
+            r["kl_mean"] = r["kl_p99"] = 0.0
+    with pytest.raises(ValueError, match="kl: the rounding-only paths changed nothing"):
+        accelerated.band_ratios(flat)
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    """The measurement on the CPU stand-in of the shared target (trained in seconds)."""
+    from snippets.common.corpus import token_streams
+    from snippets.common.train import trained
+
+    target = trained("target")
+    _, heldout = token_streams()
+    slices = accelerated.heldout_slices(heldout, target.train.seq_len, accelerated.CPU_PLAN)
+    return accelerated.measure(target.model, slices, kernel_dtype=torch.float32)
+
+
+@pytest.mark.slow  # the Triton interpreter: seconds per forward
+@pytest.mark.skipif(ON_GPU, reason="on CUDA, bench_gpu.py measures the real target model")
+def test_measure_on_the_cpu_stand_in(stand_in):
+    stats = stand_in["stats"]
+    plan = accelerated.CPU_PLAN
+    assert list(stats) == list(accelerated.PATHS)
+    assert all(len(rows_) == plan.slices for rows_ in stats.values())
+    assert len(stand_in["margins"]) == plan.slices * stand_in["positions"]
+    for name, rows_ in stats.items():
+        for r in rows_:
+            assert r["kl_mean"] >= 0 and r["kl_p99"] >= 0 and 0 <= r["top1"] <= 1
+            assert math.isfinite(r["ce_delta"])
+            if name != "triton":
+                assert r["kl_mean"] > 0  # every other path changes the output
+    # fp32 Triton kernels perturb the logits by ~ n 2^-24 |z| (n = 64, the widest reduction of
+    # the stand-in), the bf16 rounding of `round` by ~ 2^-8 |z|: KL is quadratic, so the ratio
+    # is ~ (64 2^-16)^2 ~ 1e-6; 1e-4 leaves two orders of magnitude of room
+    for t, r in zip(stats["triton"], stats["round"], strict=True):
+        assert t["kl_mean"] < 1e-4 * r["kl_mean"]
+    ratios = accelerated.band_ratios(stand_in)
+    assert all(v <= 1 for v in ratios["triton"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ON_GPU, reason="on CUDA, bench_gpu.py measures the real target model")
+def test_the_gpu_run_fits_the_page(stand_in, tmp_path, monkeypatch):
+    """The stand-in's record in the GPU run's place: every table, plot, number and claim on the
+    page resolves against it, and every value it holds is read. Whether the claims hold is
+    the GPU run's to say; a claim reading the median margin at flipped positions cannot be
+    judged where the stand-in flipped nothing (the record holds None there)."""
+    import json
+    from pathlib import Path
+
+    from snippets.common import results as res
+    from tests import gate
+
+    values = accelerated.summarize(stand_in)
+    assert [p["path"] for p in values["paths"]] == list(accelerated.PATHS)
+    assert [b["path"] for b in values["band"]] == list(accelerated.CANDIDATES)
+    assert len(values["per_slice"]) == len(accelerated.PATHS) * accelerated.CPU_PLAN.slices
+    for p in values["paths"]:
+        assert p["kl_mean_min"] <= p["kl_mean"] <= p["kl_mean_max"]
+        assert p["ppl_delta_min"] <= p["ppl_delta"] <= p["ppl_delta_max"]
+        assert (p["flip_margin"] is None) == (p["flips"] == 0)
+    root = Path(__file__).resolve().parents[2]
+    prov = dict.fromkeys(res.PROVENANCE["measured"], "stand-in") | {"dirty": True, "wall_s": 1.0}
+    prov["commit"] = res.commit_and_dirty()[0]
+    monkeypatch.setattr(res, "provenance", lambda *args, **kwargs: prov)
+    bench = root / "snippets" / "quality_metrics" / "bench_gpu.py"
+    record = res.build_record("measured", "quality-metrics", "accelerated", values, bench)
+    folder = tmp_path / "quality-metrics"
+    folder.mkdir()
+    for other in (root / "results" / "quality-metrics").glob("*.json"):
+        (folder / other.name).write_bytes(other.read_bytes())
+    (folder / "accelerated.json").write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    slugs = {"quality-metrics"}
+    problems = [e for e in gate.page_errors(root, tmp_path, slugs)
+                if "does not hold" not in e and "None" not in e]  # fmt: skip
+    assert problems == []
+    assert gate.unread_errors(root, tmp_path, slugs) == []
