@@ -84,10 +84,8 @@ def group_by_token(unit_nats: torch.Tensor, token_lengths: torch.Tensor) -> torc
     if int(token_lengths.sum()) != unit_nats.numel() or bool((token_lengths < 1).any()):
         raise ValueError(f"token lengths (>= 1 each) must add up to the {unit_nats.numel()} "
                          f"units, they add up to {int(token_lengths.sum())}")  # fmt: skip
-    owner = torch.repeat_interleave(torch.arange(len(token_lengths)), token_lengths)
-    # each token sums its own few units (a running sum over millions of units and its
-    # differences would carry that sum's rounding into every token)
-    return unit_nats.new_zeros(len(token_lengths)).index_add_(0, owner, unit_nats)
+    cum = unit_nats.cumsum(0)[token_lengths.cumsum(0) - 1]
+    return torch.diff(cum, prepend=cum.new_zeros(1))
 
 
 # --8<-- [end:nll]
