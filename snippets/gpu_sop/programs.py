@@ -23,7 +23,8 @@ MIB = 2**20
 @dataclass(frozen=True)
 class Sizes:
     batch: int = 16384  # tokens per training step
-    d_in: int = 512  # embedding width (or a feature batch's width)
+    d_in: int = 512  # embedding width
+    features: int = 2048  # a batch of features instead of token ids: 64 MiB a step in bf16
     d: int = 2048  # MLP width: 6 layers, forward + backward about 3 ms on an H200
     layers: int = 6
     vocab: int = 32768
@@ -35,7 +36,7 @@ class Sizes:
     big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
     tensors: int = 256  # ... then 256 small tensors updated one by one
     tensor_elems: int = 8192  # 8192 floats: a grid of tens of blocks, under the 132 SMs
-    rows: int = 4096  # recompiles: x [rows + i, width] @ [width, width], twice
+    rows: int = 8192  # recompiles: x [rows + i, width] @ [width, width], twice: ~0.8 ms
     width: int = 4096
     grow_mib: int = 64  # fragmentation: buffers of 64, 128, ... MiB, each freed before the next
     grows: int = 8
@@ -45,7 +46,7 @@ class Sizes:
     big_batch: int = 512  # intensity ~455 FLOP/byte, over the H200's ridge (~206)
 
 
-CPU_SIZES = Sizes(batch=256, d_in=32, d=64, layers=3, vocab=1000, prep_s=1e-4,
+CPU_SIZES = Sizes(batch=256, d_in=32, features=32, d=64, layers=3, vocab=1000, prep_s=1e-4,
                   heavy_prep_s=0.05, workers=2, elems=4096, ops=8, rows=16, width=64,
                   decode_d=256, decode_layers=2)  # fmt: skip
 # --8<-- [end:sizes]
@@ -89,8 +90,8 @@ def token_batches(sz: Sizes, prep_s: float, workers: int, device: torch.device):
 
 
 def feature_batches(sz: Sizes, pinned: bool, device: torch.device):
-    """Batches of features made on the host (16 MiB each in bf16): pageable, or pinned."""
-    ring = [torch.randn(sz.batch, sz.d_in, dtype=dtype_of(device)) for _ in range(4)]
+    """Batches of features made on the host: pageable, or pinned (page-locked)."""
+    ring = [torch.randn(sz.batch, sz.features, dtype=dtype_of(device)) for _ in range(4)]
     return itertools.cycle([t.pin_memory() for t in ring] if pinned else ring)
 
 
@@ -99,7 +100,7 @@ def training_loop(sz: Sizes, device: torch.device, batches, *, tokens: bool = Tr
     """Forward and backward of an MLP per batch (no optimizer): the GPU work of a training step."""
     torch.manual_seed(0)
     dt = dtype_of(device)
-    layers = [nn.Linear(sz.d_in, sz.d, bias=False)]
+    layers = [nn.Linear(sz.d_in if tokens else sz.features, sz.d, bias=False)]
     for _ in range(sz.layers - 1):
         layers += [nn.ReLU(), nn.Linear(sz.d, sz.d, bias=False)]
     net = nn.Sequential(*layers).to(device, dt)

@@ -130,7 +130,8 @@ class Trace:
 
     def window(self, name: str | None = None) -> Window:
         """The part of the trace a record_function(name) range covers, with the GPU work its
-        calls launched (matched by correlation, so GPU work that outlives the range counts);
+        calls launched (matched by correlation, so GPU work that outlives the range counts; GPU
+        work whose correlation matches no call at all counts where it starts inside the range);
         None: the whole trace."""
         calls = [s for s in self.spans if s.cat in CALL_CATS]
         if name is None:
@@ -145,8 +146,10 @@ class Trace:
                 raise TraceError(f"{self.source}: {len(found)} ranges named {name!r}, need one "
                                  f"(record_function ranges here: {known})")  # fmt: skip
             start, end = found[0].start, found[0].end
+        known = {s.args["correlation"] for s in calls}
         calls = {s.args["correlation"]: s for s in calls if start <= s.start <= end}
-        gpu = [s for s in self.spans if s.cat in GPU_CATS and s.args["correlation"] in calls]
+        gpu = [s for s in self.spans if s.cat in GPU_CATS and (s.args["correlation"] in calls or (
+               s.args["correlation"] not in known and start <= s.start <= end))]  # fmt: skip
         host = [s for s in self.spans
                 if s.cat not in GPU_CATS and s.start >= start and s.end <= end]  # fmt: skip
         memory = [a for ts, a in self.memory

@@ -103,6 +103,21 @@ def test_graph_replays_gaps_are_queued_not_the_hosts(simulated):
     assert idle["queued"] > 100 * idle.get("launch", 0.0)
 
 
+def test_gpu_work_without_a_launching_call_counts_where_it_starts():
+    """A kernel whose correlation matches no call (a trace that lost the graph launch) still
+    belongs to the range it runs in; its gap is not blamed on the host."""
+    s = Sim()
+    with s.span("sop:a"):
+        s.host(10.0)
+        s.kernel(5.0)
+        s.host(100.0)
+    kernel = next(e for e in s.events if e["cat"] == "kernel")
+    s.events.append({**kernel, "ts": kernel["ts"] + 20.0, "args": {**kernel["args"],
+                     "correlation": 999}})  # fmt: skip
+    w = Trace.load(s.trace()).window("sop:a")
+    assert len(w.gpu) == 2 and w.idle_causes()["queued"] == pytest.approx(15.0)
+
+
 def test_small_kernels_lost_sm_time_by_hand():
     s = Sim(sms=100)
     with s.span("sop:k"):
