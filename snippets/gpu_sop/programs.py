@@ -46,8 +46,8 @@ class Sizes:
     big_batch: int = 512  # intensity ~455 FLOP/byte, over the H200's ridge (~206)
 
 
-CPU_SIZES = Sizes(batch=256, d_in=32, features=32, d=64, layers=3, vocab=1000, prep_s=1e-4,
-                  heavy_prep_s=0.05, workers=2, elems=4096, ops=8, rows=16, width=64,
+CPU_SIZES = Sizes(batch=8192, d_in=32, features=32, d=128, layers=3, vocab=1000, prep_s=1e-4,
+                  heavy_prep_s=0.3, workers=2, elems=4096, ops=8, rows=16, width=64,
                   decode_d=256, decode_layers=2)  # fmt: skip
 # --8<-- [end:sizes]
 
@@ -181,6 +181,11 @@ def _replayed(step) -> Program:
 
 
 # --8<-- [start:recompile]
+SPARE = 4096  # lengths rows .. rows + SPARE
+_OFFSET = itertools.count()  # one counter per process: Dynamo caches per code object, so a
+# second instance of this program must not meet a length an earlier one compiled
+
+
 def recompiles(sz: Sizes, device: torch.device, dynamic: bool, backend: str = "aot_eager"):
     """Every step sees a sequence length it has not seen before (packing without padding, a
     length curriculum). Compiled with dynamic=False each new length compiles again; the fix,
@@ -189,15 +194,13 @@ def recompiles(sz: Sizes, device: torch.device, dynamic: bool, backend: str = "a
     dt = dtype_of(device)
     w1, w2 = (torch.randn(sz.width, sz.width, device=device, dtype=dt) / sz.width**0.5
               for _ in range(2))  # fmt: skip
-    spare = 4096  # lengths rows .. rows + spare, each used once
-    data = torch.randn(sz.rows + spare, sz.width, device=device, dtype=dt)
+    data = torch.randn(sz.rows + SPARE, sz.width, device=device, dtype=dt)
     f = torch.compile(lambda x: torch.relu(x @ w1) @ w2, dynamic=dynamic, backend=backend)
-    lengths = itertools.cycle(range(sz.rows, sz.rows + spare))
-    limit = torch._dynamo.config.patch(recompile_limit=spare, accumulated_recompile_limit=spare)
+    limit = torch._dynamo.config.patch(recompile_limit=SPARE, accumulated_recompile_limit=SPARE)
 
     def run(steps: int):
         with limit:  # past the default of 8 Dynamo would give up and run the function eagerly
-            return [f(data[: next(lengths)]) for _ in range(steps)]
+            return [f(data[: sz.rows + next(_OFFSET) % SPARE]) for _ in range(steps)]
 
     run(1)  # the first compile, as any compiled program has
     return run

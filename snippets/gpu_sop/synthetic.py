@@ -8,7 +8,10 @@ of the size of the H200 machine's, stated beside each program.
 
 from __future__ import annotations
 
+import json
+import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 LATENCY = 4.0  # µs from a launch call to its kernel's start on an idle GPU (assumed)
 MIB = 2**20
@@ -236,3 +239,6 @@ def simulated_trace(names=tuple(SIMULATED)) -> dict:
 
 
 # --8<-- [end:programs]
+
+if __name__ == "__main__":  # python -m snippets.gpu_sop.synthetic OUT.json [PROGRAM ...]
+    Path(sys.argv[1]).write_text(json.dumps(simulated_trace(sys.argv[2:] or tuple(SIMULATED))))

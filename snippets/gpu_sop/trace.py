@@ -221,6 +221,7 @@ class Window:
             ("sync", merge((c.start, c.end) for c, k in self.blocking if k == "sync")),
         ]
 
+    # --8<-- [start:gaps]
     def gaps(self) -> list[Gap]:
         """Every stretch inside the window where no GPU activity runs (on any stream), from the
         window's start to the last activity. cpu_caused: the call that launched the next activity
@@ -285,6 +286,8 @@ class Window:
             if c.end >= g.prev.start:
                 return leaf
         return None
+
+    # --8<-- [end:gaps]
 
 
 def _carve(pieces, intervals, name, out) -> list[tuple[float, float]]:

@@ -234,7 +234,8 @@ def cpu_trace(tmp_path_factory):
     progs = programs(CPU_SIZES, "cpu", only=["healthy", "data", "recompile", "recompile_fixed"])
     for program in progs.values():
         program(1)  # warm-up: the first steps pay for lazy initialisation
-    path = record(progs, tmp_path_factory.mktemp("cpu") / "trace.json", default_steps=4)
+    path = record(progs, tmp_path_factory.mktemp("cpu") / "trace.json", steps={"data": 2},
+                  default_steps=4)  # fmt: skip
     return Trace.load(path)
 
 
@@ -242,8 +243,9 @@ def cpu_trace(tmp_path_factory):
     ("healthy", []), ("data", ["data"]), ("recompile", ["recompile"]), ("recompile_fixed", []),
 ])  # fmt: skip
 def test_real_cpu_traces_name_the_planted_leaf(cpu_trace, name, want):
-    shares = az.diagnose(cpu_trace.window(f"sop:{name}"))
-    assert az.named(shares) == want, shares
+    w = cpu_trace.window(f"sop:{name}")
+    shares = az.diagnose(w)
+    assert az.named(shares) == want, f"{name}: {shares} {w.idle_causes()}"
 
 
 def test_cpu_programs_run_on_the_cpu():
