@@ -6,7 +6,9 @@ Wall time, estimated from the sizes (no GPU run yet): building the programs ~3 s
 DataLoader workers forked, two first compiles, 0.5 GiB of decode weights), the profiled session
 ~1 s of work plus ~2 s to start, stop, export and read back the trace, the timings ~12 s (six
 training loops ~0.8 s each after a short warm-up, the rest under 1 s each, the decode pair
-~2.5 s with its settling): about 20 s, inside the post's 60 s with the page's gloo runs.
+~2.5 s with its settling): about 20 s. The whole post in gpu_docs adds pytest's start and
+imports (~5 s), the page's and the tests' gloo runs (~7 s) and their CPU traces (~5 s): ~40 s
+of the 60 s budget.
 """
 
 import os

@@ -46,8 +46,8 @@ class Sizes:
     big_batch: int = 512  # intensity ~455 FLOP/byte, over the H200's ridge (~206)
 
 
-CPU_SIZES = Sizes(batch=8192, d_in=32, features=32, d=128, layers=3, vocab=1000, prep_s=1e-4,
-                  heavy_prep_s=0.3, workers=2, elems=4096, ops=8, rows=16, width=64,
+CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000, prep_s=1e-4,
+                  heavy_prep_s=0.15, workers=2, elems=4096, ops=8, rows=16, width=64,
                   decode_d=256, decode_layers=2)  # fmt: skip
 # --8<-- [end:sizes]
 
