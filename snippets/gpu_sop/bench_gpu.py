@@ -27,8 +27,10 @@ SZ = Sizes()
 progs = programs(SZ, "cuda")
 for run in progs.values():
     run(2)  # warm-up: cuBLAS, the workers' first batches, the allocator's segments
+# 12 steps a program (the first step's wait for its batch is then a few % of the window), 4 of
+# the slow ones, the growth once
 path = record(progs, os.path.join(tempfile.mkdtemp(prefix="gpu-sop-"), "trace.json"),
-              steps={"data": 4, "recompile": 4, "fragment": 1})  # 8 steps for the others
+              steps={"data": 4, "recompile": 4, "fragment": 1}, default_steps=12)  # fmt: skip
 trace = Trace.load(path)
 shares = {name: diagnose(trace.window(f"sop:{name}")) for name in progs}
 # --8<-- [end:trace]
