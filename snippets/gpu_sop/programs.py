@@ -265,8 +265,12 @@ def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None
     device = torch.device(device)
     cuda = device.type == "cuda"
     want = set(only or (FIX.keys() | FIX.values() if cuda else CPU_OK))
-    tok = {"healthy": (sz.prep_s, 0, False), "sync": (sz.prep_s, 0, True),
-           "data": (sz.heavy_prep_s, 0, False), "data_fixed": (sz.heavy_prep_s, sz.workers, False)}
+    tok = {
+        "healthy": (sz.prep_s, 0, False),
+        "sync": (sz.prep_s, 0, True),
+        "data": (sz.heavy_prep_s, 0, False),
+        "data_fixed": (sz.heavy_prep_s, sz.workers, False),
+    }
     out = {}
     for name, (prep, workers, read) in tok.items():
         if name in want:
@@ -294,8 +298,6 @@ def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None
         shared = out["batch"].weights if "batch" in out else None
         out["batch_fixed"] = decoding(sz, device, sz.big_batch, shared)
     return out
-
-
 
 
 def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8):

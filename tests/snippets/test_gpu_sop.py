@@ -13,7 +13,7 @@ import torch
 from snippets.common.hardware import load_hardware
 from snippets.gpu_sop import analyzers as az
 from snippets.gpu_sop.hang import analyze, read_ledgers, run
-from snippets.gpu_sop.programs import CPU_OK, CPU_SIZES, FIX, programs
+from snippets.gpu_sop.programs import CPU_OK, CPU_SIZES, FIX, programs, record
 from snippets.gpu_sop.synthetic import MIB, SIMULATED, Sim, simulated_trace
 from snippets.gpu_sop.trace import Trace, TraceError
 
@@ -233,3 +233,28 @@ def test_cpu_programs_run_on_the_cpu():
         program(1)
     assert progs["batch"].weights is progs["batch_fixed"].weights
     assert progs["batch_fixed"].forward().shape == (CPU_SIZES.big_batch, CPU_SIZES.decode_d)
+
+
+@pytest.mark.gpu
+def test_a_real_gpu_trace_has_the_fields_the_analyzers_read(tmp_path):
+    """Every program at small sizes on the GPU, traced: the fields and names trace.py relies on
+    are there (a clear failure here, rather than an off-diagonal matrix in the benchmark)."""
+    progs = programs(CPU_SIZES, "cuda")
+    for program in progs.values():
+        program(1)
+    trace = Trace.load(record(progs, tmp_path / "gpu.json", default_steps=2))
+    assert trace.sms and all(n > 0 for n in trace.sms.values())
+    assert az.gpu_of(trace.window("sop:batch")) is not None, trace.device_names
+    small = trace.window("sop:small")
+    grids = [k.args["grid"] for k in small.gpu if k.cat == "kernel"]
+    assert grids and min(x * y * z for x, y, z in grids) < min(trace.sms.values())
+    assert all(k.args["correlation"] in small.calls for k in small.gpu), "graph kernels unlinked"
+    copies = {a.name for a in trace.window("sop:pageable").gpu if a.cat == "gpu_memcpy"}
+    assert "Memcpy HtoD (Pageable -> Device)" in copies, copies
+    assert trace.window("sop:sync").blocking, "no synchronizing call in the sync program"
+    assert trace.window("sop:data").layers[0][1], "no DataLoader.__next__ range"
+    assert trace.window("sop:recompile").layers[1][1], "no Dynamo compile range"
+    assert trace.window("sop:fragment").memory, "no CUDA [memory] events"
+    batch = trace.window("sop:batch")
+    ops = [o for o in batch.host if o.name in az.MATMULS]
+    assert ops and az.matmul_shape(ops[0])[1:4] == (1, CPU_SIZES.decode_d, CPU_SIZES.decode_d)
