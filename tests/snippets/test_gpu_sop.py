@@ -1,11 +1,21 @@
 """Unit tests for snippets/gpu_sop/: the collective-hang analysis on hand-made ledgers (each
-fault, and the healthy case), bad ledgers, and the live gloo runs the page prints."""
+fault, and the healthy case), bad ledgers, and the live gloo runs the page prints; the leaves'
+analyzers on simulated GPU traces (every analyzer on every program), on hand-built edge cases
+and on bad traces. The real CPU traces of the data stall and the recompile storm are recorded
+and diagnosed by the page itself (section 2.5, its printed output is checked)."""
 
+import gzip
 import json
 
 import pytest
+import torch
 
+from snippets.common.hardware import load_hardware
+from snippets.gpu_sop import analyzers as az
 from snippets.gpu_sop.hang import analyze, read_ledgers, run
+from snippets.gpu_sop.programs import CPU_OK, CPU_SIZES, FIX, programs, record
+from snippets.gpu_sop.synthetic import MIB, SIMULATED, Sim, simulated_trace
+from snippets.gpu_sop.trace import Trace, TraceError
 
 
 def started(seq, op="all_reduce", shape=(4,)):
@@ -58,3 +68,193 @@ def test_bad_ledgers(tmp_path):
 ])  # fmt: skip
 def test_live_gloo_runs(fault, want):
     assert run(fault).startswith(want)
+
+
+# --------------------------------------------------------------------------- the leaves
+
+
+@pytest.fixture(scope="module")
+def simulated():
+    return Trace.load(simulated_trace(), source="simulated")
+
+
+def test_programs_fixtures_and_analyzers_name_the_same_leaves():
+    assert set(FIX) == set(az.ANALYZERS)
+    assert set(SIMULATED) == {"healthy"} | set(FIX) | set(FIX.values())
+    assert CPU_OK < set(SIMULATED)
+
+
+@pytest.mark.parametrize("name", list(SIMULATED))
+def test_only_the_planted_leaf_is_named_on_simulated_traces(simulated, name):
+    shares = az.diagnose(simulated.window(f"sop:{name}"))
+    assert az.named(shares) == ([name] if name in FIX else []), shares
+
+
+def test_a_gap_after_a_sync_is_the_syncs_even_while_the_host_loads_data(simulated):
+    """After .item() the host spends the gap in DataLoader.__next__: the sync drained the
+    queue, so the gap is the sync's, not the data's."""
+    w = simulated.window("sop:sync")
+    idle = w.idle_causes()
+    assert idle["sync"] > 10 * idle.get("data", 0.0)
+
+
+def test_graph_replays_gaps_are_queued_not_the_hosts(simulated):
+    idle = simulated.window("sop:small").idle_causes()
+    assert idle["queued"] > 100 * idle.get("launch", 0.0)
+
+
+def test_gpu_work_without_a_launching_call_counts_where_it_starts():
+    """A kernel whose correlation matches no call (a trace that lost the graph launch) still
+    belongs to the range it runs in; its gap is not blamed on the host."""
+    s = Sim()
+    with s.span("sop:a"):
+        s.host(10.0)
+        s.kernel(5.0)
+        s.host(100.0)
+    kernel = next(e for e in s.events if e["cat"] == "kernel")
+    s.events.append({**kernel, "ts": kernel["ts"] + 20.0, "args": {**kernel["args"],
+                     "correlation": 999}})  # fmt: skip
+    w = Trace.load(s.trace()).window("sop:a")
+    assert len(w.gpu) == 2 and w.idle_causes()["queued"] == pytest.approx(15.0)
+
+
+def test_small_kernels_lost_sm_time_by_hand():
+    s = Sim(sms=100)
+    with s.span("sop:k"):
+        s.graph([(10.0, (25, 1, 1)), (10.0, (200, 1, 1))], gap=0.0)
+        s.sync()
+    w = Trace.load(s.trace()).window("sop:k")
+    assert az.small_kernels(w) == pytest.approx(10.0 * (1 - 25 / 100) / w.length)
+
+
+def test_small_kernels_needs_the_sm_count():
+    s = Sim()
+    s.props = [{"id": 0, "name": "NVIDIA H200"}]
+    s.kernel(5.0)
+    with pytest.raises(ValueError, match="no numSms"):
+        az.small_kernels(Trace.load(s.trace(), source="t.json").window())
+
+
+def test_roofline_arithmetic():
+    h200 = load_hardware()["h200-sxm"]
+    assert az.ridge(h200, 2) == pytest.approx(989.5 / 4.8)
+    assert az.intensity(1, 1, 8192, 8192, 2) == pytest.approx(8192**2 / (8192**2 + 2 * 8192))
+    assert az.intensity(1, 512, 8192, 8192, 2) > az.ridge(h200, 2)  # the fix's batch
+    assert az.intensity(1, 1, 8192, 8192, 2) < az.ridge(h200, 2) / 100
+
+
+def test_matmul_shapes_from_a_real_cpu_trace(tmp_path):
+    a, b, c = torch.randn(3, 5), torch.randn(5, 7), torch.randn(2, 3, 5)
+    with torch.profiler.profile(record_shapes=True) as prof:
+        torch.mm(a, b)
+        torch.addmm(torch.zeros(7), a, b)
+        torch.bmm(c, torch.randn(2, 5, 7))
+    prof.export_chrome_trace(str(tmp_path / "t.json"))
+    w = Trace.load(tmp_path / "t.json").window()
+    shapes = {o.name: az.matmul_shape(o) for o in w.host if o.name in az.MATMULS}
+    assert shapes == {"aten::mm": (1, 3, 5, 7, 4), "aten::addmm": (1, 3, 5, 7, 4),
+                      "aten::bmm": (2, 3, 5, 7, 4)}  # fmt: skip
+    assert az.batch_too_small(w) == 0.0  # no GPU work: no roofline
+
+
+def test_batch_needs_a_known_gpu(simulated):
+    s = Sim(device="Some Other GPU")
+    with s.span("sop:b"):
+        s.kernel(50.0, op=("aten::mm", [[1, 8192], [8192, 8192]], ["c10::BFloat16"] * 2))
+    assert az.batch_too_small(Trace.load(s.trace()).window("sop:b")) == 0.0
+    assert az.gpu_of(simulated.window("sop:batch")).id == "h200-sxm"
+
+
+def test_fragmentation_floor():
+    s = Sim()
+    with s.span("sop:f"):
+        s.memory(10 * MIB, fresh=True)
+        s.memory(-10 * MIB)
+        s.memory(11 * MIB, fresh=True)  # 10 MiB wasted: under one segment of each pool
+    assert az.fragmentation(Trace.load(s.trace()).window("sop:f")) == 0.0
+    with s.span("sop:g"):
+        s.memory(-11 * MIB)
+        s.memory(12 * MIB, fresh=True)
+        s.memory(-12 * MIB)
+        s.memory(13 * MIB, fresh=True)  # 46 MiB reserved for at most 13 allocated
+    w = Trace.load(s.trace()).window("sop:g")
+    assert az.fragmentation(w) == pytest.approx(33 / 46)
+
+
+def test_a_trace_without_gpu_work_blames_no_launches():
+    s = Sim()
+    with s.span("sop:h"):
+        s.host(100.0, name="enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__")
+        s.host(300.0)
+    w = Trace.load(s.trace()).window("sop:h")
+    assert w.idle_causes() == {"data": 100.0, "host": 300.0}
+    assert az.launch(w) == 0.0 and az.data(w) == pytest.approx(0.25)
+
+
+def test_bad_traces(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    with pytest.raises(TraceError, match=r"bad\.json: not a Chrome trace JSON"):
+        Trace.load(bad)
+    bad.write_text('{"events": []}')
+    with pytest.raises(TraceError, match=r"bad\.json: no 'traceEvents'"):
+        Trace.load(bad)
+    event = {"ph": "X", "cat": "kernel", "name": "k", "ts": 1.0, "dur": 2.0, "args": {}}
+    with pytest.raises(TraceError, match=r"t: traceEvents\[1\] \('k'\): a kernel event without"):
+        Trace.load({"traceEvents": [{"ph": "M"}, event]}, source="t")
+    with pytest.raises(TraceError, match=r"t: traceEvents\[0\] \('k'\): .* numeric ts and dur"):
+        Trace.load({"traceEvents": [{**event, "ts": "1"}]}, source="t")
+    memory = {"ph": "i", "name": "[memory]", "ts": 1.0, "args": {"Bytes": 4}}
+    with pytest.raises(TraceError, match=r"traceEvents\[0\]: a \[memory\] event without"):
+        Trace.load({"traceEvents": [memory]}, source="t")
+
+
+def test_unknown_range_lists_the_known_ones(simulated):
+    with pytest.raises(TraceError, match=r"0 ranges named 'sop:nope'.*sop:batch"):
+        simulated.window("sop:nope")
+
+
+def test_gzip_and_the_command_line(tmp_path, capsys):
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        json.dump(simulated_trace(["healthy", "launch"]), f)
+    assert az.main([str(path), "--each"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split(" | ")[0] for ln in lines] == [
+        "sop:healthy: nothing named",
+        "sop:launch: launch",
+    ]
+    assert az.main([]) == 2
+
+
+def test_cpu_programs_run_on_the_cpu():
+    progs = programs(CPU_SIZES, "cpu", only=["launch", "batch", "batch_fixed"])
+    for program in progs.values():
+        program(1)
+    assert progs["batch"].weights is progs["batch_fixed"].weights
+    assert progs["batch_fixed"].forward().shape == (CPU_SIZES.big_batch, CPU_SIZES.decode_d)
+
+
+@pytest.mark.gpu
+def test_a_real_gpu_trace_has_the_fields_the_analyzers_read(tmp_path):
+    """Every program at small sizes on the GPU, traced: the fields and names trace.py relies on
+    are there (a clear failure here, rather than an off-diagonal matrix in the benchmark)."""
+    progs = programs(CPU_SIZES, "cuda")
+    for program in progs.values():
+        program(1)
+    trace = Trace.load(record(progs, tmp_path / "gpu.json", default_steps=2))
+    assert trace.sms and all(n > 0 for n in trace.sms.values())
+    assert az.gpu_of(trace.window("sop:batch")) is not None, trace.device_names
+    small = trace.window("sop:small")
+    grids = [k.args["grid"] for k in small.gpu if k.cat == "kernel"]
+    assert grids and min(x * y * z for x, y, z in grids) < min(trace.sms.values())
+    assert all(k.args["correlation"] in small.calls for k in small.gpu), "graph kernels unlinked"
+    copies = {a.name for a in trace.window("sop:pageable").gpu if a.cat == "gpu_memcpy"}
+    assert "Memcpy HtoD (Pageable -> Device)" in copies, copies
+    assert trace.window("sop:sync").blocking, "no synchronizing call in the sync program"
+    assert trace.window("sop:data").layers[0][1], "no DataLoader.__next__ range"
+    assert trace.window("sop:recompile").layers[1][1], "no Dynamo compile range"
+    assert trace.window("sop:fragment").memory, "no CUDA [memory] events"
+    batch = trace.window("sop:batch")
+    ops = [o for o in batch.host if o.name in az.MATMULS]
+    assert ops and az.matmul_shape(ops[0])[1:4] == (1, CPU_SIZES.decode_d, CPU_SIZES.decode_d)

@@ -1,0 +1,322 @@
+"""The leaves of the decision tree as small programs: a healthy training loop, each pathology,
+and its fix. `programs(sizes, device)` builds them; each is `run(steps)`. The sizes default to
+the H200's (bench_gpu.py); tests pass small ones, and on the CPU only the programs that need no
+CUDA (the training loops, the launches, the recompiles, the decode) are built.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
+from torch.utils.data import DataLoader, Dataset
+
+MIB = 2**20
+
+
+# --8<-- [start:sizes]
+@dataclass(frozen=True)
+class Sizes:
+    batch: int = 16384  # tokens per training step
+    d_in: int = 512  # embedding width
+    features: int = 2048  # a batch of features instead of token ids: 64 MiB a step in bf16
+    d: int = 2048  # MLP width: 6 layers, forward + backward about 3 ms on an H200
+    layers: int = 6
+    vocab: int = 32768
+    prep_s: float = 1e-3  # host work per batch in a healthy loop: a third of a step
+    heavy_prep_s: float = 12e-3  # a data stall: four steps' worth per batch
+    workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, under a step
+    elems: int = 1 << 18  # launches: 256K floats, 1 MiB: hundreds of blocks, ~2 µs a kernel
+    ops: int = 64  # in-place ops per step
+    big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
+    tensors: int = 256  # ... then 256 small tensors updated one by one
+    tensor_elems: int = 8192  # 8192 floats: a grid of tens of blocks, under the 132 SMs
+    rows: int = 8192  # recompiles: x [rows + i, width] @ [width, width], twice: ~0.8 ms
+    width: int = 4096
+    grow_mib: int = 64  # fragmentation: buffers of 64, 128, ... MiB, each freed before the next
+    grows: int = 8
+    decode_d: int = 8192  # decode: 4 layers of 8192 x 8192 weights (512 MiB in bf16)
+    decode_layers: int = 4
+    small_batch: int = 1
+    big_batch: int = 512  # intensity ~455 FLOP/byte, over the H200's ridge (~206)
+
+
+CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000, prep_s=1e-4,
+                  heavy_prep_s=0.15, workers=2, elems=4096, ops=8, rows=16, width=64,
+                  decode_d=256, decode_layers=2)  # fmt: skip
+# --8<-- [end:sizes]
+
+Program = Callable[[int], object]
+
+
+def dtype_of(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+# --8<-- [start:loop]
+def spin(seconds: float) -> None:
+    """A stand-in for per-batch host work (tokenizing, decoding, augmenting): a timed busy
+    loop, so it takes the same time on any host."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
+class Tokens(Dataset):
+    """Each item is a whole batch of token ids (DataLoader(batch_size=None): no collation)."""
+
+    def __init__(self, batch: int, vocab: int, prep_s: float):
+        self.batch, self.vocab, self.prep_s = batch, vocab, prep_s
+
+    def __len__(self) -> int:
+        return 1 << 30
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        spin(self.prep_s)
+        return torch.randint(self.vocab, (self.batch,), generator=torch.Generator().manual_seed(i))
+
+
+def token_batches(sz: Sizes, prep_s: float, workers: int, device: torch.device):
+    loader = DataLoader(Tokens(sz.batch, sz.vocab, prep_s), batch_size=None,
+                        num_workers=workers, pin_memory=device.type == "cuda",
+                        persistent_workers=workers > 0,
+                        prefetch_factor=2 if workers else None)  # fmt: skip
+    return iter(loader)
+
+
+def feature_batches(sz: Sizes, pinned: bool, device: torch.device):
+    """Batches of features made on the host: pageable, or pinned (page-locked)."""
+    ring = [torch.randn(sz.batch, sz.features, dtype=dtype_of(device)) for _ in range(4)]
+    return itertools.cycle([t.pin_memory() for t in ring] if pinned else ring)
+
+
+def training_loop(sz: Sizes, device: torch.device, batches, *, tokens: bool = True,
+                  read_loss: bool = False) -> Program:  # fmt: skip
+    """Forward and backward of an MLP per batch (no optimizer): the GPU work of a training step."""
+    torch.manual_seed(0)
+    dt = dtype_of(device)
+    layers = [nn.Linear(sz.d_in if tokens else sz.features, sz.d, bias=False)]
+    for _ in range(sz.layers - 1):
+        layers += [nn.ReLU(), nn.Linear(sz.d, sz.d, bias=False)]
+    net = nn.Sequential(*layers).to(device, dt)
+    emb = nn.Embedding(sz.vocab, sz.d_in).to(device, dt).requires_grad_(False) if tokens else None
+
+    def run(steps: int) -> list:
+        losses = []
+        for _ in range(steps):
+            x = next(batches).to(device, non_blocking=True)
+            loss = net(emb(x) if tokens else x).float().square().mean()
+            loss.backward()
+            net.zero_grad(set_to_none=True)
+            losses.append(loss.item() if read_loss else loss.detach())  # .item() waits
+        return losses
+
+    return run
+
+
+# --8<-- [end:loop]
+
+
+# --8<-- [start:launch]
+def launches(sz: Sizes, device: torch.device, graphed: bool) -> Program:
+    """64 tiny in-place ops per step: launched one by one from Python, or replayed as one
+    CUDA graph (the fix)."""
+    x = torch.zeros(sz.elems, device=device)
+
+    def step():
+        for _ in range(sz.ops // 2):
+            x.mul_(0.5).add_(1.0)
+
+    return _replayed(step) if graphed else _repeat(step)
+
+
+def small_kernels(sz: Sizes, device: torch.device, flat: bool) -> Program:
+    """A large pass, then 256 small tensors updated one kernel each (a grid of fewer blocks
+    than the GPU has SMs), or once as one flat tensor (the fix); both replayed as CUDA graphs,
+    so launching costs nothing and what remains is the kernels themselves."""
+    big = torch.zeros(sz.big_elems, device=device)
+    flat_buf = torch.zeros(sz.tensors * sz.tensor_elems, device=device)
+    parts = flat_buf.view(sz.tensors, sz.tensor_elems).unbind(0)  # views into one buffer
+
+    def step():
+        big.mul_(0.5).add_(1.0)
+        for p in [flat_buf] if flat else parts:
+            p.add_(1.0)
+
+    return _replayed(step)
+
+
+def _repeat(step) -> Program:
+    def run(steps: int):
+        for _ in range(steps):
+            step()
+
+    return run
+
+
+def _replayed(step) -> Program:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the default stream, as capture requires
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    def run(steps: int):
+        for _ in range(steps):
+            graph.replay()
+
+    run.graph = graph  # keep it alive
+    return run
+
+
+# --8<-- [end:launch]
+
+
+# --8<-- [start:recompile]
+SPARE = 4096  # lengths rows .. rows + SPARE
+_OFFSET = itertools.count()  # one counter per process: Dynamo caches per code object, so a
+# second instance of this program must not meet a length an earlier one compiled
+
+
+def recompiles(sz: Sizes, device: torch.device, dynamic: bool, backend: str = "aot_eager"):
+    """Every step sees a sequence length it has not seen before (packing without padding, a
+    length curriculum). Compiled with dynamic=False each new length compiles again; the fix,
+    dynamic=True, compiles once with a symbolic length. The backend generates no code (the
+    post's time budget): the recompiles cost Dynamo's and AOTAutograd's tracing only."""
+    dt = dtype_of(device)
+    w1, w2 = (torch.randn(sz.width, sz.width, device=device, dtype=dt) / sz.width**0.5
+              for _ in range(2))  # fmt: skip
+    data = torch.randn(sz.rows + SPARE, sz.width, device=device, dtype=dt)
+    f = torch.compile(lambda x: torch.relu(x @ w1) @ w2, dynamic=dynamic, backend=backend)
+    limit = torch._dynamo.config.patch(recompile_limit=SPARE, accumulated_recompile_limit=SPARE)
+
+    def run(steps: int):
+        with limit:  # past the default of 8 Dynamo would give up and run the function eagerly
+            return [f(data[: sz.rows + next(_OFFSET) % SPARE]) for _ in range(steps)]
+
+    run(1)  # the first compile, as any compiled program has
+    return run
+
+
+# --8<-- [end:recompile]
+
+
+# --8<-- [start:fragment]
+def growing(sz: Sizes, device: torch.device, expandable: bool) -> Program:
+    """Buffers that grow each step (a batch or KV cache whose size creeps up), each freed before
+    the next. Without expandable segments no cached block fits the larger request, so every
+    buffer gets a new segment; the fix maps more pages into one segment."""
+
+    def run(steps: int = 1):
+        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{expandable}")
+        try:
+            for i in range(1, sz.grows + 1):
+                buf = torch.empty(i * sz.grow_mib * MIB, dtype=torch.uint8, device=device)
+                del buf
+        finally:
+            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+
+    return run
+
+
+# --8<-- [end:fragment]
+
+
+# --8<-- [start:decode]
+def decoding(sz: Sizes, device: torch.device, batch: int, weights=None) -> Program:
+    """The matmuls of a decode step: `batch` tokens through 4 square layers."""
+    dt = dtype_of(device)
+    ws = weights or [torch.randn(sz.decode_d, sz.decode_d, device=device, dtype=dt)
+                     / sz.decode_d**0.5 for _ in range(sz.decode_layers)]  # fmt: skip
+    x = torch.randn(batch, sz.decode_d, device=device, dtype=dt)
+
+    def forward():
+        h = x
+        for w in ws:
+            h = h @ w.T
+        return h
+
+    run = _repeat(forward)
+    run.weights, run.forward = ws, forward
+    return run
+
+
+# --8<-- [end:decode]
+
+
+# --8<-- [start:programs]
+FIX = {"launch": "launch_fixed", "small": "small_fixed", "sync": "healthy",
+       "pageable": "pinned", "data": "data_fixed", "recompile": "recompile_fixed",
+       "fragment": "fragment_fixed", "batch": "batch_fixed"}  # fmt: skip
+CPU_OK = {"healthy", "sync", "data", "data_fixed", "launch", "recompile", "recompile_fixed",
+          "batch", "batch_fixed"}  # fmt: skip
+
+
+def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None) -> dict:
+    """name -> run(steps). `only`: the names to build (default: all that `device` can run)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    want = set(only or (FIX.keys() | FIX.values() if cuda else CPU_OK))
+    tok = {
+        "healthy": (sz.prep_s, 0, False),
+        "sync": (sz.prep_s, 0, True),
+        "data": (sz.heavy_prep_s, 0, False),
+        "data_fixed": (sz.heavy_prep_s, sz.workers, False),
+    }
+    out = {}
+    for name, (prep, workers, read) in tok.items():
+        if name in want:
+            batches = token_batches(sz, prep, workers, device)
+            out[name] = training_loop(sz, device, batches, read_loss=read)
+    for name, pinned in (("pageable", False), ("pinned", True)):
+        if name in want:
+            batches = feature_batches(sz, pinned, device)
+            out[name] = training_loop(sz, device, batches, tokens=False)
+    builders = {
+        "launch": lambda: launches(sz, device, graphed=False),
+        "launch_fixed": lambda: launches(sz, device, graphed=True),
+        "small": lambda: small_kernels(sz, device, flat=False),
+        "small_fixed": lambda: small_kernels(sz, device, flat=True),
+        "recompile": lambda: recompiles(sz, device, dynamic=False),
+        "recompile_fixed": lambda: recompiles(sz, device, dynamic=True),
+        "fragment": lambda: growing(sz, device, expandable=False),
+        "fragment_fixed": lambda: growing(sz, device, expandable=True),
+        "batch": lambda: decoding(sz, device, sz.small_batch),
+    }
+    for name, build in builders.items():
+        if name in want:
+            out[name] = build()
+    if "batch_fixed" in want:  # the same weights as `batch`
+        shared = out["batch"].weights if "batch" in out else None
+        out["batch_fixed"] = decoding(sz, device, sz.big_batch, shared)
+    return out
+
+
+def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8):
+    """Run each program inside record_function("sop:<name>") in one torch.profiler session
+    (CUDA activity too where there is a GPU) and export the Chrome trace to `path`."""
+    cuda = torch.cuda.is_available()
+    acts = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=acts, record_shapes=True, profile_memory=True) as prof:
+        for name, run in progs.items():
+            if cuda:
+                torch.cuda.empty_cache()  # reserved memory starts from the live tensors
+            with record_function(f"sop:{name}"):
+                run((steps or {}).get(name, default_steps))
+                if cuda:
+                    torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+# --8<-- [end:programs]
