@@ -185,9 +185,7 @@ def test_strided_inputs_and_gradients_keep_their_layout():
 )
 def test_kernels_fp16_in_the_interpreter(batch, q_heads, kv_heads, n, d, causal, seed):
     """fp16 in the interpreter (its bf16 is garbage): P and dS rounded to fp16 for the matmuls,
-    u_dot = 2^-11 in the bounds. d64: the GPU test's head dim without the causal mask; the GPU
-    runs fp16 with the mask only (each mask compiles every kernel again: seconds of its budget),
-    and the masking code, which does not depend on the dtype, runs both ways there in bf16."""
+    u_dot = 2^-11 in the bounds; d64 is the GPU fp16 test's head dim."""
     assert check_attention(batch, q_heads, kv_heads, n, d, causal, torch.float16, seed=seed)
 
 
@@ -286,7 +284,7 @@ from triton.backends.compiler import GPUTarget
 
 import snippets.flash_attention.attention as fa
 
-RUNTIME = {"n_ctx", "group", "q_heads", "kv_heads"}  # do_not_specialize: no divisibility hint
+RUNTIME = {"n_ctx", "group", "q_heads", "kv_heads", "causal"}  # do_not_specialize: no hint
 
 
 def compile_sm90(kernel, config, pointers, **constexprs):
@@ -324,7 +322,7 @@ for name, kernel, configs, extra in (("fwd", fa.attn_fwd_kernel, fa.FWD_CONFIGS,
                                      ("dq", fa.attn_bwd_dq_kernel, fa.DQ_CONFIGS, {})):
     for config in configs:  # every autotuning candidate
         tile = "x".join(str(config.kwargs[b]) for b in ("BLOCK_M", "BLOCK_N"))
-        report[f"{name} {tile}"] = compile_sm90(kernel, config, ptrs, CAUSAL=True, **extra)
+        report[f"{name} {tile}"] = compile_sm90(kernel, config, ptrs, **extra)
 print(json.dumps(report))
 """
 
@@ -457,10 +455,10 @@ def test_kernels_bf16_head_dim_128(batch, q_heads, kv_heads, n, causal):
 
 @pytest.mark.gpu
 @gpu
-def test_kernels_fp16_head_dim_64():
-    """fp16 and head dim 64 with one fixed tile shape (no autotuning), causal: each mask is
-    another compile of every kernel; fp16 without the mask runs in the interpreter."""
-    causal = True
+@pytest.mark.parametrize("causal", [False, True])
+def test_kernels_fp16_head_dim_64(causal):
+    """fp16 and head dim 64 with one fixed tile shape (no autotuning): four more compiles (three
+    kernels and D's), shared by both masks, which are a runtime argument."""
     g = torch.Generator().manual_seed(13)
     q, k, v, do = (torch.randn(2, 8, 777, 64, generator=g).to("cuda", torch.float16)
                    for _ in range(4))  # fmt: skip
