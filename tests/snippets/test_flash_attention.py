@@ -397,16 +397,47 @@ def test_mixed_dtypes_are_refused():
 
 
 def stand_in_each(calls):
-    """kernel_ms_each for the CPU: each callable run once, a steady 1 ms for each."""
+    """kernel_ms_each for the CPU: each callable run once, a steady 1 ms for each; records
+    (implementation, output) in the order the callables came."""
 
-    def times(fns):
+    def times(fns, kinds):
         out = []
-        for fn in fns:
-            calls.append(fn())
+        for fn, kind in zip(fns, kinds, strict=True):
+            calls.append((kind, fn()))
             out.append(Stat.of([1.0] * 5, "gpu-kernels"))
         return out
 
     return times
+
+
+@cpu
+def test_flex_prefix_masks_are_causal_and_no_mask():
+    """The benchmark's FlexAttention runner: one mask_mod, prefix_mask, for both masks (one
+    compiled graph on the GPU). visible = 0 is causal, visible = n sees everything: every block
+    full. Eager flex on the CPU applies the mask_mod to each element, so this checks the mask
+    itself; forward only (the CPU has no FlexAttention backward)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from snippets.flash_attention import measure as m
+
+    g = torch.Generator().manual_seed(15)
+    q, k, v = (torch.randn(2, 2, 300, 16, generator=g) for _ in range(3))
+    run = m.flex(compiled=False)
+    for causal in (False, True):
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert torch.allclose(run(q, k, v, causal), want, atol=1e-5)
+    n = 256  # the benchmark's lengths are multiples of the 128-token blocks
+    everything = create_block_mask(m.prefix_mask(torch.tensor(n)), None, None, n, n, device="cpu")
+    assert everything.kv_num_blocks.eq(0).all() and everything.full_kv_num_blocks.eq(2).all()
+
+
+def test_settling_plan():
+    """Long once, short per implementation, none within one; cuDNN before each callable."""
+    from snippets.flash_attention.measure import settles
+
+    kinds = ["ours", "ours", "flash", "flash", "flex", "cudnn", "cudnn", "cudnn"]
+    assert settles(kinds) == [900.0, 0.0, 100.0, 0.0, 100.0, 500.0, 30.0, 30.0]
+    assert settles([]) == []
 
 
 @cpu
@@ -424,10 +455,14 @@ def test_measurement_code_runs_at_tiny_shapes():
         (16, "none", "ours"), (16, "none", "flash"), (16, "none", "naive"),
         (32, "none", "ours")]  # fmt: skip
     assert len(rows) == 12 and len(calls) == 24  # forward, forward + backward
-    ours_out, flash_out, naive_out = calls[0], calls[2], calls[4]  # same inputs, same attention
-    assert torch.allclose(ours_out, flash_out, atol=1e-5)
-    assert torch.allclose(ours_out, naive_out, atol=1e-5)
-    assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(calls[1], calls[3], strict=True))
+    # timed one implementation after another: its 4 forwards (n, mask), then its 4 backwards
+    assert [kind for kind, _ in calls] == [k for k in impls for _ in range(8)]
+    by_kind = {kind: [out for k, out in calls if k == kind] for kind in impls}
+    for kind in ("flash", "naive"):  # same inputs, same attention
+        for case in range(4):  # (16, none), (16, causal), (32, none), (32, causal)
+            assert torch.allclose(by_kind[kind][case], by_kind["ours"][case], atol=1e-5)
+            got, want = by_kind[kind][4 + case], by_kind["ours"][4 + case]
+            assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(got, want, strict=True))
     first = rows[0]
     assert first["fwd_tflops"].median == 4 * 16**2 * 16 * 2 * 4 / 1e-3 / 1e12  # 4 x 16 tokens
     assert first["fwdbwd_tflops"].median == pytest.approx(3.5 * first["fwd_tflops"].median)
