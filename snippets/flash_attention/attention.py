@@ -592,7 +592,8 @@ def compile_in_background(dtype: torch.dtype, head_dim: int, device: str = "cuda
     import multiprocessing
 
     proc = multiprocessing.get_context("spawn").Process(
-        target=_compile_kernels, args=(str(dtype).removeprefix("torch."), head_dim, device),
+        target=_compile_kernels,
+        args=(str(dtype).removeprefix("torch."), head_dim, device),
         daemon=True,
     )
     proc.start()
