@@ -10,7 +10,9 @@ keys (dK, dV, summed over the query heads that share the KV head) and one per bl
 (dQ), so no atomics: S and P are recomputed in both (7 matmuls instead of FlashAttention-2's 5).
 
 Loops: on the GPU a loop over key or query blocks has a runtime trip count (a causal program
-visits only the blocks up to the diagonal, and one compile serves every length). Triton 3.6's
+visits only the blocks up to the diagonal, and one compile serves every length); the mask is a
+runtime argument too (causal, 0 or 1: it moves loop bounds and adds a compare in the few masked
+tiles), so one compile serves both masks. Triton 3.6's
 interpreter with NumPy 2.4 rejects a runtime loop bound (triton-lang/triton#9171), so on the CPU
 the launcher passes STATIC_N > 0 (the length, a compile-time constant) and each loop visits every
 block, skipping those outside its range: the same tile code runs either way.
@@ -36,7 +38,7 @@ HEAD_DIMS = (16, 32, 64, 128)  # tl.arange needs a power of two; 128 is the wide
 # --8<-- [start:forward]
 @triton.jit
 def _fwd_tile(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start_n, offs_m, n_ctx, qk_scale,
-              MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+              MASK: tl.constexpr, causal, BLOCK_N: tl.constexpr,
               HEAD_DIM: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
     """One block of keys: scores, the running max m and sum l (base 2), the rescaled output."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -49,9 +51,7 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start_n, offs_m, n_c
         k = tl.load(k_ptrs)
     s = tl.dot(q, tl.trans(k), input_precision=DOT) * qk_scale  # log2(e) / sqrt(d) folded in
     if MASK:
-        keep = offs_n[None, :] < n_ctx
-        if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        keep = (offs_n[None, :] < n_ctx) & ((offs_m[:, None] >= offs_n[None, :]) | (causal == 0))
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_ref = m_new
@@ -70,37 +70,38 @@ def _fwd_tile(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start_n, offs_m, n_c
 
 @triton.jit
 def _fwd_blocks(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, lo, hi, offs_m, n_ctx, qk_scale,
-                MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+                MASK: tl.constexpr, causal, BLOCK_N: tl.constexpr,
                 HEAD_DIM: tl.constexpr, DOT: tl.constexpr, STATIC_N: tl.constexpr):  # fmt: skip
     """Key blocks starting in [lo, hi), lo a multiple of BLOCK_N."""
     if STATIC_N > 0:  # the CPU interpreter: a compile-time trip count (module docstring)
         for start_n in range(0, STATIC_N, BLOCK_N):
             if (start_n >= lo) & (start_n < hi):
                 acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start_n,
-                                          offs_m, n_ctx, qk_scale, MASK, CAUSAL, BLOCK_N,
+                                          offs_m, n_ctx, qk_scale, MASK, causal, BLOCK_N,
                                           HEAD_DIM, DOT)  # fmt: skip
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             acc, l_i, m_i = _fwd_tile(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, start_n,
-                                      offs_m, n_ctx, qk_scale, MASK, CAUSAL, BLOCK_N, HEAD_DIM,
+                                      offs_m, n_ctx, qk_scale, MASK, causal, BLOCK_N, HEAD_DIM,
                                       DOT)  # fmt: skip
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads"])
+@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads", "causal"])
 def attn_fwd_kernel(
     Q, K, V, O, LSE, qk_scale,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-    q_heads, group, n_ctx,
+    q_heads, group, n_ctx, causal,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, STATIC_N: tl.constexpr, DOT: tl.constexpr,
+    STATIC_N: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
-    """One program per (block of BLOCK_M query rows, batch x query head)."""
+    """One program per (block of BLOCK_M query rows, batch x query head). causal (0 or 1) is a
+    runtime argument, not a constexpr: one compiled kernel serves both masks."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0)
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    if CAUSAL:  # the last rows see the most keys: launch them first, the short ones fill the tail
+    if causal:  # the last rows see the most keys: launch them first, the short ones fill the tail
         pid_m = tl.num_programs(0) - 1 - pid_m
     b, h = pid_bh // q_heads, pid_bh % q_heads
     kv = h // group  # GQA / MQA: the KV head this query head reads
@@ -116,17 +117,17 @@ def attn_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:  # keys left of this block are visible to all its rows; the diagonal is masked
+    if causal:  # keys left of this block are visible to all its rows; the diagonal is masked
         full_end = start_m
         end = tl.minimum(start_m + BLOCK_M, n_ctx)
     else:  # every key is visible; only a last partial block needs the bounds mask
         full_end = (n_ctx // BLOCK_N) * BLOCK_N
         end = n_ctx
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, 0, full_end,
-                                offs_m, n_ctx, qk_scale, False, CAUSAL, BLOCK_N, HEAD_DIM, DOT,
+                                offs_m, n_ctx, qk_scale, False, causal, BLOCK_N, HEAD_DIM, DOT,
                                 STATIC_N)  # fmt: skip
     acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, stride_kn, stride_vn, full_end, end,
-                                offs_m, n_ctx, qk_scale, True, CAUSAL, BLOCK_N, HEAD_DIM, DOT,
+                                offs_m, n_ctx, qk_scale, True, causal, BLOCK_N, HEAD_DIM, DOT,
                                 STATIC_N)  # fmt: skip
     empty = l_i == 0.0  # a row with no visible key: output 0, logsumexp -inf (as FlexAttention)
     l_safe = tl.where(empty, 1.0, l_i)
@@ -165,7 +166,7 @@ def attn_bwd_delta_kernel(O, DO, DLSE, DELTA, stride_ob, stride_oh, stride_om, s
 
 @triton.jit
 def _dkdv_tile(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_m, offs_n, n_ctx,
-               qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+               qk_scale, MASK: tl.constexpr, causal, BLOCK_M: tl.constexpr,
                HEAD_DIM: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
     """One block of query rows against this program's keys, transposed ([keys, rows]):
     P^T recomputed from the saved logsumexp, dV += P^T dO, dK += dS^T Q (scaled at the end)."""
@@ -182,9 +183,7 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_m, o
         lse2 = tl.load(LSE + offs_m) * _LOG2E
     pt = tl.exp2(tl.dot(k, qt, input_precision=DOT) * qk_scale - lse2[None, :])
     if MASK:
-        keep = offs_m[None, :] < n_ctx
-        if CAUSAL:
-            keep = keep & (offs_m[None, :] >= offs_n[:, None])
+        keep = (offs_m[None, :] < n_ctx) & ((offs_m[None, :] >= offs_n[:, None]) | (causal == 0))
         pt = tl.where(keep, pt, 0.0)
         do = tl.load(do_ptrs, mask=rows[:, None], other=0.0)
         delta = tl.load(DELTA + offs_m, mask=rows, other=0.0)
@@ -200,56 +199,54 @@ def _dkdv_tile(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_m, o
 
 @triton.jit
 def _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, lo, hi, offs_n, n_ctx,
-                 qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+                 qk_scale, MASK: tl.constexpr, causal, BLOCK_M: tl.constexpr,
                  HEAD_DIM: tl.constexpr, DOT: tl.constexpr, STATIC_N: tl.constexpr):  # fmt: skip
     """Query blocks starting in [lo, hi), lo a multiple of BLOCK_M."""
     if STATIC_N > 0:
         for start_m in range(0, STATIC_N, BLOCK_M):
             if (start_m >= lo) & (start_m < hi):
                 dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm,
-                                    start_m, offs_n, n_ctx, qk_scale, MASK, CAUSAL, BLOCK_M,
+                                    start_m, offs_n, n_ctx, qk_scale, MASK, causal, BLOCK_M,
                                     HEAD_DIM, DOT)  # fmt: skip
     else:
         for start_m in tl.range(lo, hi, BLOCK_M):
             start_m = tl.multiple_of(start_m, BLOCK_M)
             dk, dv = _dkdv_tile(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_m,
-                                offs_n, n_ctx, qk_scale, MASK, CAUSAL, BLOCK_M, HEAD_DIM,
+                                offs_n, n_ctx, qk_scale, MASK, causal, BLOCK_M, HEAD_DIM,
                                 DOT)  # fmt: skip
     return dk, dv
 
 
 @triton.jit
 def _dkdv_head(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_n, offs_n, n_ctx,
-               qk_scale, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               qk_scale, causal, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, DOT: tl.constexpr, STATIC_N: tl.constexpr):  # fmt: skip
     """All query rows of one head that see these keys: causal, the diagonal block (masked) and
-    the rows below it; always, a last partial block of rows (masked)."""
-    if CAUSAL:
-        body_lo = start_n + BLOCK_N
-        dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_n,
-                              body_lo, offs_n, n_ctx, qk_scale, True, True, BLOCK_M, HEAD_DIM,
-                              DOT, STATIC_N)  # fmt: skip
-    else:
-        body_lo = 0
+    the rows below it; always, a last partial block of rows (masked). Without the mask the
+    diagonal's range [start_n, 0) is empty and the body starts at row 0."""
+    body_lo = causal * (start_n + BLOCK_N)
+    dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, start_n,
+                          body_lo, offs_n, n_ctx, qk_scale, True, causal, BLOCK_M, HEAD_DIM, DOT,
+                          STATIC_N)  # fmt: skip
     body_hi = (n_ctx // BLOCK_M) * BLOCK_M
     dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm, body_lo,
-                          body_hi, offs_n, n_ctx, qk_scale, False, CAUSAL, BLOCK_M, HEAD_DIM, DOT,
+                          body_hi, offs_n, n_ctx, qk_scale, False, causal, BLOCK_M, HEAD_DIM, DOT,
                           STATIC_N)  # fmt: skip
     dk, dv = _dkdv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, stride_qm, stride_dm,
                           tl.maximum(body_lo, body_hi), n_ctx, offs_n, n_ctx, qk_scale, True,
-                          CAUSAL, BLOCK_M, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
+                          causal, BLOCK_M, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
     return dk, dv
 
 
-@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads", "kv_heads"])
+@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads", "kv_heads", "causal"])
 def attn_bwd_dkdv_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_db, stride_dh, stride_dm,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-    q_heads, kv_heads, group, n_ctx,
+    q_heads, kv_heads, group, n_ctx, causal,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, STATIC_N: tl.constexpr, STATIC_GROUP: tl.constexpr, DOT: tl.constexpr,
+    STATIC_N: tl.constexpr, STATIC_GROUP: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One program per (block of BLOCK_N keys, batch x KV head); dK and dV sum over the `group`
     query heads that read this KV head, inside the program: no atomics."""
@@ -274,7 +271,7 @@ def attn_bwd_dkdv_kernel(
             at = (b * q_heads + h).to(tl.int64) * n_ctx
             dk, dv = _dkdv_head(dk, dv, k, v, Q + h.to(tl.int64) * stride_qh,
                                 DO + h.to(tl.int64) * stride_dh, LSE + at, DELTA + at, stride_qm,
-                                stride_dm, start_n, offs_n, n_ctx, qk_scale, CAUSAL, BLOCK_M,
+                                stride_dm, start_n, offs_n, n_ctx, qk_scale, causal, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
     else:
         for g in tl.range(0, group):
@@ -282,7 +279,7 @@ def attn_bwd_dkdv_kernel(
             at = (b * q_heads + h).to(tl.int64) * n_ctx
             dk, dv = _dkdv_head(dk, dv, k, v, Q + h.to(tl.int64) * stride_qh,
                                 DO + h.to(tl.int64) * stride_dh, LSE + at, DELTA + at, stride_qm,
-                                stride_dm, start_n, offs_n, n_ctx, qk_scale, CAUSAL, BLOCK_M,
+                                stride_dm, start_n, offs_n, n_ctx, qk_scale, causal, BLOCK_M,
                                 BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
     DK += b.to(tl.int64) * stride_dkb + kv.to(tl.int64) * stride_dkh
     DV += b.to(tl.int64) * stride_dvb + kv.to(tl.int64) * stride_dvh
@@ -294,7 +291,7 @@ def attn_bwd_dkdv_kernel(
 
 @triton.jit
 def _dq_tile(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start_n, offs_m, n_ctx,
-             qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+             qk_scale, MASK: tl.constexpr, causal, BLOCK_N: tl.constexpr,
              HEAD_DIM: tl.constexpr, DOT: tl.constexpr):  # fmt: skip
     """One block of keys against this program's query rows: dQ += dS K (scaled at the end)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -309,9 +306,7 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start_n, offs_m
         vt = tl.load(vt_ptrs)
     p = tl.exp2(tl.dot(q, kt, input_precision=DOT) * qk_scale - lse2[:, None])
     if MASK:
-        keep = offs_n[None, :] < n_ctx
-        if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        keep = (offs_n[None, :] < n_ctx) & ((offs_m[:, None] >= offs_n[None, :]) | (causal == 0))
         p = tl.where(keep, p, 0.0)
     dp = tl.dot(do, vt, input_precision=DOT)
     ds = p * (dp - delta[:, None])
@@ -320,37 +315,37 @@ def _dq_tile(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start_n, offs_m
 
 @triton.jit
 def _dq_blocks(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, lo, hi, offs_m, n_ctx,
-               qk_scale, MASK: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+               qk_scale, MASK: tl.constexpr, causal, BLOCK_N: tl.constexpr,
                HEAD_DIM: tl.constexpr, DOT: tl.constexpr, STATIC_N: tl.constexpr):  # fmt: skip
     if STATIC_N > 0:
         for start_n in range(0, STATIC_N, BLOCK_N):
             if (start_n >= lo) & (start_n < hi):
                 dq = _dq_tile(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start_n,
-                              offs_m, n_ctx, qk_scale, MASK, CAUSAL, BLOCK_N, HEAD_DIM,
+                              offs_m, n_ctx, qk_scale, MASK, causal, BLOCK_N, HEAD_DIM,
                               DOT)  # fmt: skip
     else:
         for start_n in tl.range(lo, hi, BLOCK_N):
             start_n = tl.multiple_of(start_n, BLOCK_N)
             dq = _dq_tile(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, start_n, offs_m,
-                          n_ctx, qk_scale, MASK, CAUSAL, BLOCK_N, HEAD_DIM, DOT)  # fmt: skip
+                          n_ctx, qk_scale, MASK, causal, BLOCK_N, HEAD_DIM, DOT)  # fmt: skip
     return dq
 
 
-@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads"])
+@triton.jit(do_not_specialize=["n_ctx", "group", "q_heads", "causal"])
 def attn_bwd_dq_kernel(
     Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale,
     stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn, stride_db, stride_dh, stride_dm,
     stride_dqb, stride_dqh, stride_dqm,
-    q_heads, group, n_ctx,
+    q_heads, group, n_ctx, causal,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, STATIC_N: tl.constexpr, DOT: tl.constexpr,
+    STATIC_N: tl.constexpr, DOT: tl.constexpr,
 ):  # fmt: skip
     """One program per (block of BLOCK_M query rows, batch x query head): the key blocks in the
     forward's order (left of the diagonal unmasked, the diagonal or a partial last block masked)."""
     tl.static_assert(BLOCK_M % BLOCK_N == 0)
     pid_m, pid_bh = tl.program_id(0), tl.program_id(1)
-    if CAUSAL:  # the longest rows first, as in the forward
+    if causal:  # the longest rows first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m
     b, h = pid_bh // q_heads, pid_bh % q_heads
     kv = h // group
@@ -368,16 +363,16 @@ def attn_bwd_dq_kernel(
     lse2 = tl.load(LSE + at, mask=rows, other=float("inf")) * _LOG2E  # rows past the end: P = 0
     delta = tl.load(DELTA + at, mask=rows, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if CAUSAL:
+    if causal:
         full_end = start_m
         end = tl.minimum(start_m + BLOCK_M, n_ctx)
     else:
         full_end = (n_ctx // BLOCK_N) * BLOCK_N
         end = n_ctx
     dq = _dq_blocks(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, 0, full_end, offs_m,
-                    n_ctx, qk_scale, False, CAUSAL, BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
+                    n_ctx, qk_scale, False, causal, BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
     dq = _dq_blocks(dq, q, do, lse2, delta, K, V, stride_kn, stride_vn, full_end, end, offs_m,
-                    n_ctx, qk_scale, True, CAUSAL, BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
+                    n_ctx, qk_scale, True, causal, BLOCK_N, HEAD_DIM, DOT, STATIC_N)  # fmt: skip
     DQ += b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh
     tl.store(DQ + offs_m[:, None] * stride_dqm + offs_d[None, :],
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=rows[:, None])  # fmt: skip
@@ -393,18 +388,18 @@ def _config(block_m, block_n, warps, stages):
 
 
 # GPU (sm_90, head_dim 128, bf16): one configuration per kernel, chosen without a GPU, so that
-# the first run compiles one variant per kernel and mask and autotuning, with one candidate,
-# times nothing (the post's 60 s budget). Forward 128 x 128, 8 warps: FlashAttention-3's tile
-# at head_dim 128 (two warpgroups of 64 query rows; 128 keys causal, 176 otherwise) and the only
-# 8-warp tile Triton's fused-attention tutorial keeps on Hopper. dQ 128 x 64: as many scores as
-# FA3's backward tile (64 x 128). dK/dV 32 x 128, the tutorial's backward tile: FA3's 64 x 128
-# gives its MMA warpgroups 240 registers each (setmaxnreg); compiled by Triton 3.6 both tiles
-# use all 255 and 64 x 128 spills more (ptxas -v: 192 / 408 bytes, against 32 / 224, without /
-# with the causal mask). Forward and dQ spill nothing.
+# the first run compiles each kernel once (the mask is a runtime argument) and autotuning, with
+# one candidate, times nothing (the post's 60 s budget). Forward 128 x 128, 8 warps:
+# FlashAttention-3's tile at head_dim 128 (two warpgroups of 64 query rows; 128 keys causal, 176
+# otherwise) and the only 8-warp tile Triton's fused-attention tutorial keeps on Hopper. dQ
+# 128 x 64: as many scores as FA3's backward tile (64 x 128). dK/dV 32 x 128, the tutorial's
+# backward tile: FA3's 64 x 128 gives its MMA warpgroups 240 registers each (setmaxnreg);
+# compiled by Triton 3.6 both tiles use all 255 and 64 x 128 spills more (ptxas -v: 1060 bytes
+# of spill stores against 228). Forward and dQ spill nothing.
 FWD_CONFIGS = [_config(128, 128, 8, 2)]
 DKDV_CONFIGS = [_config(32, 128, 8, 3)]
 DQ_CONFIGS = [_config(128, 64, 8, 2)]
-TUNE_KEY = ["n_ctx", "HEAD_DIM", "CAUSAL"]  # and, always, the dtypes of the tensor arguments
+TUNE_KEY = ["n_ctx", "HEAD_DIM", "causal"]  # and, always, the dtypes of the tensor arguments
 
 
 def _tune_bench(kernel_call, quantiles):
@@ -482,9 +477,9 @@ def attention_forward(q, k, v, causal: bool, scale: float, blocks=None):
     lse = torch.empty(batch, q_heads, n, device=q.device, dtype=torch.float32)
     blocks = blocks or (CPU_BLOCKS["fwd"] if interpreted() else None)
     args = (q, k, v, out, lse, scale * LOG2E, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            *out.stride()[:3], q_heads, q_heads // k.shape[1], n)  # fmt: skip
+            *out.stride()[:3], q_heads, q_heads // k.shape[1], n, int(causal))  # fmt: skip
     _launch(attn_fwd_kernel, attn_fwd_tuned, lambda bm, bn: (triton.cdiv(n, bm), batch * q_heads),
-            args, blocks, n, HEAD_DIM=d, CAUSAL=causal, DOT=_dot(q.dtype))  # fmt: skip
+            args, blocks, n, HEAD_DIM=d, DOT=_dot(q.dtype))  # fmt: skip
     return out, lse
 
 
@@ -508,13 +503,12 @@ def attention_backward(do, q, k, v, out, lse, dlse, causal: bool, scale: float, 
     _launch(attn_bwd_dkdv_kernel, attn_bwd_dkdv_tuned,
             lambda bm, bn: (triton.cdiv(n, bn), batch * kv_heads),
             (*common, dk, dv, scale * LOG2E, scale, *strides, *dk.stride()[:3], *dv.stride()[:3],
-             q_heads, kv_heads, group, n), blocks and blocks["dkdv"], n, HEAD_DIM=d,
-            CAUSAL=causal, STATIC_GROUP=group if interp else 0, DOT=_dot(q.dtype))  # fmt: skip
+             q_heads, kv_heads, group, n, int(causal)), blocks and blocks["dkdv"], n, HEAD_DIM=d,
+            STATIC_GROUP=group if interp else 0, DOT=_dot(q.dtype))  # fmt: skip
     _launch(attn_bwd_dq_kernel, attn_bwd_dq_tuned,
             lambda bm, bn: (triton.cdiv(n, bm), batch * q_heads),
-            (*common, dq, scale * LOG2E, scale, *strides, *dq.stride()[:3], q_heads, group, n),
-            blocks and blocks["dq"], n, HEAD_DIM=d, CAUSAL=causal,
-            DOT=_dot(q.dtype))  # fmt: skip
+            (*common, dq, scale * LOG2E, scale, *strides, *dq.stride()[:3], q_heads, group, n,
+             int(causal)), blocks and blocks["dq"], n, HEAD_DIM=d, DOT=_dot(q.dtype))  # fmt: skip
     return dq, dk, dv
 
 
@@ -579,3 +573,28 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
 
 
 # --8<-- [end:op]
+
+
+def _compile_kernels(dtype_name: str, head_dim: int, device: str) -> None:
+    """In a child process: one tiny forward + backward, which on the GPU compiles every kernel
+    for (dtype, head_dim) and its launcher into Triton's on-disk cache."""
+    dtype = getattr(torch, dtype_name)
+    q = torch.randn(1, 2, 64, head_dim, device=device, dtype=dtype, requires_grad=True)
+    flash_attention(q, q, q, causal=True).sum().backward()  # the mask is a runtime argument
+
+
+def compile_in_background(dtype: torch.dtype, head_dim: int, device: str = "cuda"):
+    """Compile the GPU kernels for (dtype, head_dim) in another process, into Triton's on-disk
+    cache (TRITON_CACHE_DIR, which the child inherits): this process's first call then loads
+    them (milliseconds) instead of compiling them (about a second each, launcher included).
+    Not threads: two threads compiling sm_90 kernels on a 2-core CPU took longer than one, the
+    compiles do not overlap. Returns the process, a daemon; joining it is optional."""
+    import multiprocessing
+
+    proc = multiprocessing.get_context("spawn").Process(
+        target=_compile_kernels,
+        args=(str(dtype).removeprefix("torch."), head_dim, device),
+        daemon=True,
+    )
+    proc.start()
+    return proc

@@ -42,28 +42,36 @@ def sdpa(backend: str):
     return run
 
 
+def prefix_mask(visible: torch.Tensor):
+    """mask_mod of a prefix-LM mask: every query sees the first `visible` keys (a 0-dim tensor)
+    and, after them, the keys up to itself. visible = 0 is the causal mask, visible = n no mask
+    at all (every block full: the kernel never calls the mask_mod there). One function for both
+    masks, its tensor an input of the compiled graph, so torch.compile traces one graph."""
+
+    def mask(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) | (kv_idx < visible)
+
+    return mask
+
+
 def flex(compiled: bool):
-    """FlexAttention: no mask, or a causal block mask (one per length, made once). compiled:
-    torch.compile(flex_attention), the fused kernel; otherwise the eager reference, which
-    materializes the scores (what runs on the CPU). The batch is marked dynamic: at 1 K tokens
-    per sequence it equals the 32 heads, and dynamo, which gives equal sizes one symbol, would
-    compile a graph for that batch alone, then a second one at the next length."""
+    """FlexAttention with a block mask per length and mask, made once (prefix_mask).
+    compiled: torch.compile(flex_attention), the fused kernel, one graph for both masks and
+    every length; otherwise the eager reference, which materializes the scores (what runs on
+    the CPU). The batch is marked dynamic: dynamo gives equal sizes one symbol, and a batch
+    equal to another size would compile a graph of its own."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     fn = torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
     masks = {}
 
-    def causal_mask(b, h, q_idx, kv_idx):
-        return q_idx >= kv_idx
-
     def run(q, k, v, causal):
-        mask = None
-        if causal:
-            n = q.shape[2]
-            if (n, q.device) not in masks:
-                masks[n, q.device] = create_block_mask(causal_mask, None, None, n, n,
-                                                       device=q.device)  # fmt: skip
-            mask = masks[n, q.device]
+        n = q.shape[2]
+        if (n, causal, q.device) not in masks:
+            visible = torch.tensor(0 if causal else n, device=q.device)
+            masks[n, causal, q.device] = create_block_mask(prefix_mask(visible), None, None, n, n,
+                                                           device=q.device)  # fmt: skip
+        mask = masks[n, causal, q.device]
         if compiled:
             for t in (q, k, v):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
@@ -85,11 +93,16 @@ def naive(q, k, v, causal):
     return torch.softmax(s, -1, dtype=torch.float32).to(q.dtype) @ v
 
 
-def implementations(names, device):
+def implementations(names, device, probe=(1, 2, 64, 64)):
     """({name: fn(q, k, v, causal)}, {name: why it cannot run here}). Each SDPA backend is tried
-    on a small input, forward and backward: it raises when it cannot run on this device or
-    dtype, and the reason is recorded instead of a row."""
+    once, causal forward and backward on inputs of shape `probe`: it raises when it cannot run
+    on this device or dtype, and the reason is recorded instead of a row. On the GPU the probe
+    takes a benchmarked shape: PyTorch's cuDNN backend builds and caches a graph and plan per
+    shape and mask, forward and backward (aten/src/ATen/native/cudnn/MHA.cpp; 0.4-0.55 s each
+    as reported in sgl-project/sglang#4650 and modelscope/FunASR#3704), and the probe's then
+    serve the benchmark."""
     found, missing = {}, {}
+    cuda = torch.device(device).type == "cuda"
     for name in names:
         try:
             if name == "ours":
@@ -97,13 +110,13 @@ def implementations(names, device):
             elif name == "naive":
                 fn = naive
             elif name == "flex":
-                fn = flex(compiled=torch.device(device).type == "cuda")
+                fn = flex(compiled=cuda)
             else:
                 fn = sdpa(name)
-                probe = torch.randn(1, 2, 64, 64, device=device, dtype=torch.bfloat16
-                                    if torch.device(device).type == "cuda" else torch.float32,
-                                    requires_grad=True)  # fmt: skip
-                fn(probe, probe, probe, True).sum().backward()
+                gen = torch.Generator(device=device).manual_seed(0)
+                q, k, v = qkv(probe[0], probe[1], probe[2], probe[3], device,
+                              torch.bfloat16 if cuda else torch.float32, gen)  # fmt: skip
+                runners(fn, q, k, v, True, torch.randn_like(q))[1]()
             found[name] = fn
         except (ImportError, RuntimeError, AttributeError) as exc:
             missing[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
@@ -136,24 +149,30 @@ def runners(fn, q, k, v, causal, do):
 def measure_tflops(lengths, tokens, heads, d, device, dtype, kernel_times, peak_tflops, impls,
                    masks=("none", "causal"), seed=0):  # fmt: skip
     """One row per (length, mask, implementation): the kernels' time of the forward and of the
-    forward + backward (kernel_times: kernel_ms_each on the GPU, callables in, one Stat each
-    out), TFLOP/s by the FlashAttention papers' count (forward 4 n^2 d per head, halved by the
-    causal mask; forward + backward 3.5 times that) and as a fraction of the dense peak. A batch
-    of tokens / n sequences, so every length runs the same number of tokens. Also one wide row
-    per (length, mask) with each implementation's two rates, for the comparison tables."""
+    forward + backward, TFLOP/s by the FlashAttention papers' count (forward 4 n^2 d per head,
+    halved by the causal mask; forward + backward 3.5 times that) and as a fraction of the dense
+    peak. A batch of tokens / n sequences, so every length runs the same number of tokens. Also
+    one wide row per (length, mask) with each implementation's two rates, for the comparison
+    tables. kernel_times(fns, kinds): kernel_ms_each on the GPU, one Stat per callable; the
+    callables come one implementation after another (kinds: the implementation of each), its
+    forwards first, then its forwards + backwards, so the caller can settle per group."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    cases = []  # (n, mask, name, forward, both)
+    cases = {}  # (n, mask, name) -> (forward, both)
     for mask in masks:
         causal = mask == "causal"
         for n in lengths:
             q, k, v = qkv(tokens // n, heads, n, d, device, dtype, gen)
             do = torch.randn(q.shape, device=device, dtype=dtype, generator=gen)
             for name, fn in impls.items():
-                cases.append((n, mask, name, *runners(fn, q, k, v, causal, do)))
-    times = iter(kernel_times([f for case in cases for f in case[3:]]))
+                cases[n, mask, name] = runners(fn, q, k, v, causal, do)
+    order = [(n, mask, name, p) for name in impls for p in (0, 1) for n in lengths
+             for mask in masks]  # fmt: skip
+    stats = kernel_times([cases[n, mask, name][p] for n, mask, name, p in order],
+                         [name for _, _, name, _ in order])  # fmt: skip
+    times = dict(zip(order, stats, strict=True))
     rows, wide = [], {}
-    for n, mask, name, *_ in cases:
-        fwd_ms, both_ms = next(times), next(times)
+    for n, mask, name in cases:
+        fwd_ms, both_ms = times[n, mask, name, 0], times[n, mask, name, 1]
         flops = attention_flops(n, d, heads, tokens // n, causal=mask == "causal")
         fwd_tflops = rate(flops, fwd_ms) / 1e12
         both_tflops = rate(3.5 * flops, both_ms) / 1e12
@@ -164,6 +183,26 @@ def measure_tflops(lengths, tokens, heads, d, device, dtype, kernel_times, peak_
         row = wide.setdefault((n, mask), {"n": n, "mask": mask})
         row[f"{name}_fwd"], row[f"{name}_fwdbwd"] = fwd_tflops, both_tflops
     return rows, list(wide.values())
+
+
+def settles(kinds) -> list[float]:
+    """Settling before each callable's repeats, in ms (bench._settle: at least this long, then
+    until three 50 ms chunks agree within ±2 %), for callables timed one implementation after
+    another (kinds: the implementation of each): the first 0.9 s (under bench.POWER_MIN_S, so
+    no wait on NVML's power state: attention drew 98 % of the limit uncapped and that wait gave
+    up after 6 s), the first of each other implementation 0.1 s, the rest none; cuDNN 0.5 s,
+    then each of its callables until steady, as every callable was in the last run, where no
+    timing needed a second attempt (in earlier runs cuDNN's forward spread ±5-13 %)."""
+    out = []
+    for i, kind in enumerate(kinds):
+        new = i == 0 or kinds[i - 1] != kind
+        if i == 0:
+            out.append(900.0)
+        elif kind == "cudnn":
+            out.append(500.0 if new else 30.0)
+        else:
+            out.append(100.0 if new else 0.0)
+    return out
 
 
 KERNELS = {"attn_fwd": "forward", "attn_bwd_delta": "D = rowsum(dO o O)",
