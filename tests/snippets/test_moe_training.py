@@ -655,3 +655,24 @@ def test_trained_moe_load_on_the_stand_in():
     load = trained_load(shared.model, held, 4)
     assert len(load) == shared.config.num_hidden_layers
     assert all(x["max_over_mean"] >= 1 >= x["min_over_mean"] >= 0 for x in load)
+
+
+def test_routed_block_with_softmax_is_the_shared_block():
+    from snippets.common.models.qwen3_moe import Qwen3MoeForCausalLM
+    from snippets.moe_training.balance_run import with_routing
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(TINY_MOE)
+    x = torch.randn(2, 5, TINY_MOE.hidden_size)
+    want, want_logits = model.model.layers[0].mlp(x)
+    mlp = with_routing(model, "softmax")[0]
+    got, logits = mlp(x)
+    torch.testing.assert_close(got, want)  # the same weights, routing and expert code
+    assert torch.equal(logits, want_logits)
+    chosen = torch.softmax(logits, -1).topk(TINY_MOE.num_experts_per_tok, -1).indices
+    assert torch.equal(
+        mlp.load, torch.bincount(chosen.flatten(), minlength=mlp.cfg.experts).float()
+    )
+    mlp.bias[0] = 10.0  # the bias moves the choice, not the weights: expert 0 for every token
+    _, _ = mlp(x)
+    assert mlp.load[0] == x.shape[0] * x.shape[1]
