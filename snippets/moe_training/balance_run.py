@@ -23,9 +23,9 @@ from snippets.common.corpus import token_streams
 from snippets.common.device import DEVICE
 from snippets.common.models.qwen3_moe import Qwen3MoeForCausalLM, load_balancing_loss
 from snippets.common.models.trained_configs import load_trained_models
-from snippets.common.train import batch_order, init_weights, lr_factor, rows, settings
+from snippets.common.train import Trainer, batch_order, init_weights, rows, settings
 from snippets.moe_training.balance import max_over_mean, update_bias
-from snippets.moe_training.layer import MoeConfig, MoeLayer, expert_load
+from snippets.moe_training.layer import MoeConfig, route
 
 METHODS = {  # name: (scoring, balancing)
     "aux-loss": ("softmax", "aux"),
@@ -37,33 +37,35 @@ GAMMA = 0.001  # DeepSeek-V3 §4.2: the bias update speed for the first 14.3T to
 
 # --8<-- [start:swap]
 class RoutedMlp(nn.Module):
-    """The reference MoeLayer in a shared decoder layer's place: returns (out, router logits)
-    as the shared block does, and keeps the last step's expert load."""
+    """A shared decoder layer's MoE block with layer.py's routing (softmax or sigmoid; the
+    aux-free bias for the choice only): the block's router weight and experts are used as they
+    are (one padded batched matmul, no host sync while a CUDA graph is captured). Returns
+    (out, router logits) as the shared block does, and keeps the step's expert load on the
+    device (a scatter-add: bincount would sync to size its output)."""
 
-    def __init__(self, moe: MoeLayer):
+    def __init__(self, block, cfg: MoeConfig):
         super().__init__()
-        self.moe, self.load = moe, None
+        self.gate, self.experts, self.cfg, self.load = block.gate, block.experts, cfg, None
+        self.register_buffer("bias", torch.zeros(cfg.experts, device=block.gate.weight.device))
 
     def forward(self, x):
-        out, r, _ = self.moe(x)
-        self.load = expert_load(r.experts.detach(), self.moe.cfg.experts)
-        return out, r.logits
+        flat = x.reshape(-1, x.shape[-1])
+        r = route(self.gate(flat), self.cfg, self.bias)  # bias 0: the plain top-k
+        ids = r.experts.flatten()
+        self.load = torch.zeros(self.cfg.experts, device=x.device).index_add_(
+            0, ids, torch.ones(ids.shape, device=x.device))  # fmt: skip
+        return self.experts(flat, r.weights, r.experts).view_as(x), r.logits
 
 
 def with_routing(model: Qwen3MoeForCausalLM, scoring: str) -> list[RoutedMlp]:
-    """Put a MoeLayer with `scoring` in every layer, with the shared block's weights."""
+    """Route every layer's MoE block with `scoring`, on the block's own weights."""
     cfg = model.config
+    moe = MoeConfig(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
+                    cfg.moe_intermediate_size, scoring=scoring,
+                    norm_topk_prob=cfg.norm_topk_prob)  # fmt: skip
     swapped = []
     for layer in model.model.layers:
-        moe = MoeLayer(MoeConfig(cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok,
-                                 cfg.moe_intermediate_size, scoring=scoring,
-                                 norm_topk_prob=cfg.norm_topk_prob))  # fmt: skip
-        moe.to(layer.mlp.gate.weight.device)
-        with torch.no_grad():
-            moe.gate.weight.copy_(layer.mlp.gate.weight)
-            moe.gate_up_proj.copy_(layer.mlp.experts.gate_up_proj)
-            moe.down_proj.copy_(layer.mlp.experts.down_proj)
-        layer.mlp = RoutedMlp(moe)
+        layer.mlp = RoutedMlp(layer.mlp, moe)
         swapped.append(layer.mlp)
     return swapped
 
@@ -96,40 +98,31 @@ def run(method: str, seed: int, steps: int | None = None, spec=None, eval_tokens
     train_stream, heldout_stream = streams(spec)
     seqs = rows(train_stream, tc.seq_len).to(DEVICE)
     order = batch_order(len(seqs), tc).to(DEVICE)
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": tc.weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]  # fmt: skip
-    opt = torch.optim.AdamW(groups, lr=tc.lr, betas=(tc.beta1, tc.beta2),
-                            fused=DEVICE.type == "cuda")  # fmt: skip
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, tc))
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if DEVICE.type == "cuda"
-                else nullcontext())  # fmt: skip
-    lm_curve, load_curve = [], []
+
+    def loss_fn(ids):  # one step's loss; the bias update rides along (see below)
+        h, logits = model.hidden_states(ids)
+        lm = model.kernels.loss(h[:, :-1], model.lm_head.weight, ids[:, 1:])
+        loss = lm
+        if balancing == "aux":
+            aux = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok)
+            loss = lm + cfg.router_aux_loss_coef * aux
+        load = torch.stack([m.load for m in mlps])
+        if balancing == "bias":  # from this step's load, for the next step's choice
+            for m in mlps:  # (DeepSeek-V3 §2.1.2); the bias has no gradient and the
+                update_bias(m.bias, m.load, GAMMA)  # backward reads no bias: done here
+        return loss, (lm.detach(), load)
+
+    trainer = Trainer(model, tc, loss_fn)  # the shared optimizer step; on CUDA graph replay
+    lm_curve = torch.zeros(steps, device=DEVICE)
+    load_curve = torch.zeros(steps, len(mlps), cfg.num_experts, device=DEVICE)
     model.train()
     for step in range(steps):
-        ids = seqs[order[step % len(order)]].long()
-        with autocast:
-            h, logits = model.hidden_states(ids)
-            lm = model.kernels.loss(h[:, :-1], model.lm_head.weight, ids[:, 1:])
-            loss = lm
-            if balancing == "aux":
-                aux = load_balancing_loss(logits, cfg.num_experts, cfg.num_experts_per_tok)
-                loss = lm + cfg.router_aux_loss_coef * aux
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, tc.grad_clip)
-        opt.step()
-        sched.step()
-        if balancing == "bias":  # after the step, from this step's load (DeepSeek-V3 §2.1.2)
-            for m in mlps:
-                update_bias(m.moe.bias, m.load, GAMMA)
-        lm_curve.append(lm.detach())
-        load_curve.append(torch.stack([m.load for m in mlps]))
-    loads = torch.stack(load_curve).float()  # [steps, layers, experts]
-    per_step = (loads.amax(-1) / loads.mean(-1)).cpu()  # max/mean per layer
+        lm, load = trainer.step(step, seqs[order[step % len(order)]])
+        lm_curve[step], load_curve[step] = lm, load  # copies: a replay overwrites its outputs
+    per_step = (load_curve.amax(-1) / load_curve.mean(-1)).cpu()  # max/mean per layer
     held = rows(heldout_stream, tc.seq_len)[: max(1, eval_tokens // tc.seq_len)].to(DEVICE)
     return {"method": method, "seed": seed, "steps": steps,
-            "lm_loss": torch.stack(lm_curve).float().cpu().tolist(),
+            "lm_loss": lm_curve.cpu().tolist(), "graph_error": trainer.graph_error,
             "max_over_mean": per_step.mean(-1).tolist(),  # averaged over layers
             "heldout_loss": heldout_loss(model, held, tc.batch_size)}  # fmt: skip
 

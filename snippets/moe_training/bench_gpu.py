@@ -3,29 +3,40 @@ loop of matmuls, torch._grouped_mm and one dense GEMM of the same FLOPs, balance
 forward and backward; FP8 against bf16; the load-balancing experiment on the shared MoE's shape;
 the shared trained MoE's expert load. Writes results/moe-training/{grouped-gemm,fp8,balance}.json.
 
-Budget (60 s from a cold start): about 8 Triton compiles (the autotuned forward at two shapes,
-the weight-gradient kernel, the FP8 kernel) ~12 s; 16 bf16 timings and 4 FP8 timings in one
-profiler session (2 s settling, then ~0.3 s each) ~9 s; 9 training runs of 60 steps of 8192
-tokens (~25 ms a step with the reference layer's per-expert loop) ~14 s; loading the shared
-model, evaluation, start-up ~8 s.
+Budget: 60 s from a cold start; estimated 47 s, from the first H200 run's trace (133.8 s,
+where three profiler sessions and 9 eager balancing runs of the reference layer took most):
+  start-up (imports, CUDA context)                                                  ~4 s
+  the GEMM and FP8 cases built, the FP8 errors computed                             ~2 s
+  one kernel_ms_each session for all 20 callables (was 3 sessions, 28 s in all):
+    warm-up (Triton compiles, autotuning: 5.8 s measured)                           ~6 s
+    settling 2 s + 19 x 0.2 s, plus a little until chunks agree                     ~6 s
+    profiler start, stop, events (9.3 s for 3 sessions measured)                    ~3 s
+    the timed repeats (28 - 10.3 - 9.3 - 5.8 s measured)                            ~3 s
+  9 balancing runs of 60 steps, graphed by train.Trainer on the shared block's padded
+    bmm: 60 x 21 ms (the shared MoE's graphed step in results/trained-models) = 1.3 s,
+    + ~0.4 s eager warm-up and capture, + ~0.2 s for 32768 held-out tokens:
+    9 x 1.9 s                                                                      ~17 s
+  the shared model from its cache, the corpus, its load on 64 held-out rows        ~5 s
+  total                                                                            ~47 s
 """
 
 import torch
 
 from snippets.common.bench import kernel_ms_each
-from snippets.common.corpus import token_streams
 from snippets.common.hardware import gpu_for_device_name
 from snippets.common.models.trained_configs import load_trained_models
 from snippets.common.results import write_result
 from snippets.common.train import rows, trained
-from snippets.moe_training.balance_run import METHODS, curves, run, summarize, trained_load
-from snippets.moe_training.configs import load_moe_models
-from snippets.moe_training.measure import (
-    grouped_mm_available,
-    measure_fp8,
-    measure_grouped,
-    ratios,
+from snippets.moe_training.balance_run import (
+    METHODS,
+    curves,
+    run,
+    streams,
+    summarize,
+    trained_load,
 )
+from snippets.moe_training.configs import load_moe_models
+from snippets.moe_training.measure import fp8_jobs, grouped_jobs, grouped_mm_available, ratios
 
 # --8<-- [start:gemm]
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
@@ -45,17 +56,19 @@ def gpu_times(fns):  # the kernels' own time (CUPTI); each callable's repeats ba
     return kernel_ms_each(fns, target_ms=10.0, warmup=2, interleave=False, settle_ms=settle)
 
 
-gemm = measure_grouped(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", torch.bfloat16,
-                       gpu_times, skip=("torch_grouped_mm",) if missing else ())  # fmt: skip
-fp8 = measure_fp8(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", gpu_times)
+g_fns, g_finish = grouped_jobs(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", torch.bfloat16,
+                               skip=("torch_grouped_mm",) if missing else ())  # fmt: skip
+f_fns, f_finish = fp8_jobs(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda")
+stats = gpu_times(g_fns + f_fns)  # one profiler session: the GPU settles once
+gemm, fp8 = g_finish(stats[: len(g_fns)]), f_finish(stats[len(g_fns) :])
 # --8<-- [end:gemm]
 
 # --8<-- [start:balance]
-BAL_STEPS, SEEDS = 60, (0, 1, 2)
+BAL_STEPS, SEEDS, EVAL_TOKENS = 60, (0, 1, 2), 32768
 spec = load_trained_models()
-runs = [run(method, seed, BAL_STEPS, spec) for method in METHODS for seed in SEEDS]
+runs = [run(method, seed, BAL_STEPS, spec, EVAL_TOKENS) for method in METHODS for seed in SEEDS]
 shared = trained("moe", spec=spec)  # trained and cached by the trained-models post
-_, heldout_stream = token_streams(spec)
+_, heldout_stream = streams(spec)  # the corpus as the runs loaded it
 held = rows(heldout_stream, shared.train.seq_len)[:64].to("cuda")
 with torch.autocast("cuda", dtype=torch.bfloat16):
     shared_load = trained_load(shared.model, held, shared.train.batch_size)
@@ -68,6 +81,8 @@ write_result("moe-training", "grouped-gemm", {
     "ratios": ratios(gemm)})  # fmt: skip
 write_result("moe-training", "fp8", {"peak_tflops": gpu.fp8_dense_tflops, "runs": fp8})
 write_result("moe-training", "balance", {
-    "steps": BAL_STEPS, "summary": summarize(runs, tail=10), "curves": curves(runs, every=5),
+    "steps": BAL_STEPS, "eval_tokens": EVAL_TOKENS, "summary": summarize(runs, tail=10),
+    "curves": curves(runs, every=5),
+    "graph_errors": sorted({r["graph_error"] or "无" for r in runs}),  # 无: every run graphed
     "shared_load": shared_load, "shared_steps": shared.train.steps})  # fmt: skip
 # --8<-- [end:record]

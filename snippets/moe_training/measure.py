@@ -86,10 +86,10 @@ def cases(counts: list[int], k: int, n: int, device, dtype, seed=0):
 
 
 # --8<-- [start:measure]
-def measure_grouped(skews, rows, experts, k, n, device, dtype, times, skip=()):
-    """One row per (skew, implementation, pass) with TFLOP/s: forward 2 M N K, backward (dX
-    and dW) 4 M N K. `times`: callables in, one Stat each out (kernel_ms_each on the GPU); all
-    of them in one call, so the GPU settles once."""
+def grouped_jobs(skews, rows, experts, k, n, device, dtype, skip=()):
+    """(callables, finish): finish(one Stat per callable) -> one row per (skew, implementation,
+    pass) with TFLOP/s: forward 2 M N K, backward (dX and dW) 4 M N K. Split so that the GPU
+    run times these and the FP8 ones in one profiler session (it settles once)."""
     impls = [i for i in IMPLS if i not in skip]
     fns, keys = [], []
     for name, s in skews.items():
@@ -99,12 +99,22 @@ def measure_grouped(skews, rows, experts, k, n, device, dtype, times, skip=()):
             for impl in impls:
                 fns.append(table[impl])
                 keys.append((name, s, impl, ("forward", "backward")[p], flops, counts))
-    out = []
-    for (name, s, impl, pas, flops, counts), stat in zip(keys, times(fns), strict=True):
-        out.append({"skew": name, "zipf_s": s, "impl": impl, "pass": pas, "ms": stat,
-                    "tflops": rate(flops, stat) / 1e12, "max_rows": max(counts),
-                    "min_rows": min(counts)})  # fmt: skip
-    return out
+
+    def finish(stats):
+        out = []
+        for (name, s, impl, pas, flops, counts), stat in zip(keys, stats, strict=True):
+            out.append({"skew": name, "zipf_s": s, "impl": impl, "pass": pas, "ms": stat,
+                        "tflops": rate(flops, stat) / 1e12, "max_rows": max(counts),
+                        "min_rows": min(counts)})  # fmt: skip
+        return out
+
+    return fns, finish
+
+
+def measure_grouped(skews, rows, experts, k, n, device, dtype, times, skip=()):
+    """grouped_jobs timed by `times`: callables in, one Stat each out (kernel_ms_each)."""
+    fns, finish = grouped_jobs(skews, rows, experts, k, n, device, dtype, skip)
+    return finish(times(fns))
 
 
 def ratios(rows):
@@ -125,11 +135,11 @@ def ratios(rows):
 
 
 # --8<-- [start:fp8]
-def measure_fp8(skews, rows, experts, k, n, device, times, base=torch.bfloat16):
-    """FP8 (e4m3, 1x128 activation and 128x128 weight scales) against `base` (bf16; fp32 in
-    the CPU interpreter, which mangles bf16), forward: TFLOP/s and the relative error
-    (Frobenius) of each against the fp32 product of the base-precision inputs."""
-    out = []
+def fp8_jobs(skews, rows, experts, k, n, device, base=torch.bfloat16):
+    """(callables, finish) of FP8 (e4m3, 1x128 activation and 128x128 weight scales) against
+    `base` (bf16; fp32 in the CPU interpreter, which mangles bf16), forward: TFLOP/s and the
+    relative error (Frobenius) of each against the fp32 product of the base-precision inputs."""
+    fns, keys = [], []
     for name, s in skews.items():
         counts = zipf_counts(rows, experts, s)
         gen = torch.Generator(device=device).manual_seed(1)
@@ -139,16 +149,24 @@ def measure_fp8(skews, rows, experts, k, n, device, times, base=torch.bfloat16):
         xq, xs = quantize_rows(x)
         wq, ws = quantize_blocks(w)
         exact = grouped_mm_loop(x.float(), w.float(), counts)
-        y8 = grouped_mm_fp8(xq, xs, wq, ws, offsets)
-        y16 = grouped_mm(x, w, offsets)
-        stats = times([partial(grouped_mm_fp8, xq, xs, wq, ws, offsets),
-                       partial(grouped_mm, x, w, offsets)])  # fmt: skip
-        for fmt, y, stat in (("fp8", y8, stats[0]), ("base", y16, stats[1])):
-            err = ((y.float() - exact).norm() / exact.norm()).item()
-            out.append({"skew": name, "format": fmt, "ms": stat,
-                        "tflops": rate(2 * rows * n * k, stat) / 1e12,
-                        "rel_error": err})  # fmt: skip
-    return out
+        for fmt, y in (("fp8", grouped_mm_fp8(xq, xs, wq, ws, offsets)),
+                       ("base", grouped_mm(x, w, offsets))):  # fmt: skip
+            keys.append((name, fmt, ((y.float() - exact).norm() / exact.norm()).item()))
+        fns += [partial(grouped_mm_fp8, xq, xs, wq, ws, offsets),
+                partial(grouped_mm, x, w, offsets)]  # fmt: skip
+
+    def finish(stats):
+        return [{"skew": name, "format": fmt, "ms": stat,
+                 "tflops": rate(2 * rows * n * k, stat) / 1e12, "rel_error": err}
+                for (name, fmt, err), stat in zip(keys, stats, strict=True)]  # fmt: skip
+
+    return fns, finish
+
+
+def measure_fp8(skews, rows, experts, k, n, device, times, base=torch.bfloat16):
+    """fp8_jobs timed by `times`."""
+    fns, finish = fp8_jobs(skews, rows, experts, k, n, device, base)
+    return finish(times(fns))
 
 
 # --8<-- [end:fp8]

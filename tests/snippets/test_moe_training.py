@@ -393,12 +393,11 @@ def test_bias_update_moves_toward_balance():
 
 
 # ------------------------------------------------------------------ Triton: permute, grouped GEMM
-# The CPU runs these in Triton's interpreter (TRITON_INTERPRET=1) in fp32; on the GPU the same
-# tests run in bf16. Tolerances: the kernels and the references read the same inputs and sum in
-# fp32, so in fp32 they differ only by the order of the sums (<= 64 terms of |x| <= ~10: a few
-# ulp of the largest partial sum, under 1e-5 absolute); in bf16 the output is rounded once more
-# (8 mantissa bits: 2^-8 relative) plus the same order effects. On the GPU an fp32 tl.dot runs
-# in TF32 (10 mantissa bits, each product 2^-11 relative): 5e-3 covers a 48-term sum of them.
+# The CPU runs these in Triton's interpreter (TRITON_INTERPRET=1) in fp32 and fp16 (it computes
+# garbage for bf16); on the GPU the same tests run in bf16. Each result is compared with the fp32
+# computation of the same low-precision inputs, element by element, within a bound derived from
+# where the kernel rounds (see assert_rounded). The fast layer's fp32 test: on the GPU an fp32
+# tl.dot runs in TF32 (10 mantissa bits, each product 2^-11 relative): 5e-3 covers a 48-term sum.
 from snippets.common.device import DEVICE, ON_GPU  # noqa: E402
 from snippets.moe_training.fast import moe_forward_fast  # noqa: E402
 from snippets.moe_training.grouped_gemm import (  # noqa: E402
@@ -416,9 +415,36 @@ from snippets.moe_training.permute import (  # noqa: E402
     unpermute_reference,
 )
 
-DTYPES = [torch.bfloat16] if ON_GPU else [torch.float32]
-TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}, torch.bfloat16: {"rtol": 2**-8, "atol": 1e-3}}
+DTYPES = [torch.bfloat16] if ON_GPU else [torch.float32, torch.float16]
+UNIT = {torch.float32: 2**-24, torch.float16: 2**-11, torch.bfloat16: 2**-8}  # unit roundoff u
+TOL = {torch.float32: {"rtol": 1e-5, "atol": 1e-5}}
 TF32 = {"rtol": 5e-3, "atol": 5e-3}
+
+
+def assert_rounded(got, exact, mag, dtype, roundings, terms, grows=1.0):
+    """got (the kernel, in `dtype`) against exact (fp32 from the same `dtype` inputs), per element:
+
+        |got - exact| <= u |exact| + (roundings u + terms 2^-23) mag
+                         + (roundings terms grows + 1) eta
+
+    u |exact|: the final rounding to `dtype`; roundings u mag: each term of the sum was rounded to
+    `dtype` that many times before the fp32 sum (error u |term| each, so the sum of |terms| = mag
+    bounds it, whatever the signs and the order); terms 2^-23 mag: the fp32 sum of `terms` terms in
+    any order (tensor cores may truncate: a whole fp32 ulp, 2^-23, per addition); eta: below the
+    smallest normal a rounding errs by up to half the subnormal spacing (fp16: 2^-25) instead,
+    and what multiplies a term after its rounding (at most `grows`) scales that. mag is the same
+    computation on the absolute values of the inputs. The u^2 terms are far inside the bound."""
+    assert got.dtype == dtype, f"{got.dtype} != {dtype}"
+    u, eta = UNIT[dtype], torch.finfo(dtype).tiny * torch.finfo(dtype).eps / 2
+    bound = u * exact.abs() + (roundings * u + terms * 2**-23) * mag
+    bound += (roundings * terms * grows + 1) * eta
+    err = (got.float() - exact).abs()
+    worst = int((err - bound).argmax())
+    assert (err <= bound).all(), (
+        f"{int((err > bound).sum())} of {err.numel()} elements off; worst at {worst}: "
+        f"{got.flatten()[worst].item()} vs {exact.flatten()[worst].item()}, "
+        f"bound {bound.flatten()[worst].item():.3g}"
+    )
 
 
 def _routing(t, k, e, empty=(), seed=0):
@@ -444,15 +470,24 @@ def test_permute_and_unpermute_match_the_reference(dtype, drop):
     assert torch.equal(rmap.order, order) and torch.equal(xp, ref)  # a gather is exact
     assert torch.equal(rmap.offsets[1:].long(), rmap.counts.cumsum(0))
     out = unpermute(xp * 3, w, rmap)
-    want = unpermute_reference(ref * 3, w, order, t)
-    torch.testing.assert_close(out, want, **TOL[dtype])
-    g = torch.randn_like(out)
-    got = torch.autograd.grad(out, [x, w], g)
-    exp = torch.autograd.grad(want, [x, w], g)
-    for a, b in zip(got, exp, strict=True):
-        torch.testing.assert_close(a, b, **TOL[dtype])
+    g = torch.randn(t, h, device=DEVICE, dtype=dtype, generator=gen)
+    got = (out, *torch.autograd.grad(out, [x, w], g))
+
+    def reference(x, w, g):  # fp32, from the same low-precision inputs
+        x, w = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+        y = unpermute_reference(permute_reference(x, experts, kept)[0] * 3, w, order, t)
+        return (y.detach(), *torch.autograd.grad(y, [x, w], g.float()))
+
+    exact, mag = reference(x, w, g), reference(x.abs(), w.abs(), g.abs())
+    # Where the kernels round to `dtype` before their fp32 sums: out sums w * (3x), 3x rounded
+    # once (xp * 3); dx sums 3 * (w * g) over the k choices, both products rounded (the unpermute
+    # backward's gather, then the * 3 backward); dw sums g * (3x) over the hidden size, 3x once.
+    # After its rounding a term is multiplied by w <= 1 (out), 3 (dx), or g (dw).
+    grows = (1.0, 3.0, g.abs().max().item())
+    for a, b, m, r, n, f in zip(got, exact, mag, (1, 2, 1), (k, k, h), grows, strict=True):
+        assert_rounded(a, b, m, dtype, roundings=r, terms=n, grows=f)
     if drop:  # a dropped slot gets no gradient for its weight
-        assert (got[1][~kept] == 0).all()
+        assert (got[2][~kept] == 0).all()
 
 
 def test_tile_schedule_covers_every_row_once():
@@ -479,13 +514,20 @@ def test_grouped_gemm_forward_and_backward(dtype, counts):
     x = torch.randn(m, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
     w = torch.randn(g, n, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
     y = grouped_linear(x, w, group_offsets(counts_t))
-    want = grouped_mm_loop(x.float(), w.float(), counts)  # fp32 reference
-    torch.testing.assert_close(y.float(), want, **TOL[dtype])
     dy = torch.randn(m, n, device=DEVICE, dtype=dtype, generator=gen)
     dx, dw = torch.autograd.grad(y, [x, w], dy)
-    ex, ew = torch.autograd.grad(want, [x, w], dy.float())
-    torch.testing.assert_close(dx.float(), ex, **TOL[dtype])
-    torch.testing.assert_close(dw.float(), ew, **TOL[dtype])
+
+    def reference(x, w, dy):  # fp32 from the same low-precision inputs, one matmul per group
+        x, w = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
+        y = grouped_mm_loop(x, w, counts)
+        return (y.detach(), *torch.autograd.grad(y, [x, w], dy.float()))
+
+    exact, mag = reference(x, w, dy), reference(x.abs(), w.abs(), dy.abs())
+    # The outputs and gradients come in the inputs' dtype, as nn.Linear's and torch._grouped_mm's
+    # do; the products of two fp16/bf16 values are exact in fp32 and summed there, so the only
+    # rounding to `dtype` is the final one (roundings=0); the longest sum: K, N or a group's rows.
+    for got, want, mg in zip((y, dx, dw), exact, mag, strict=True):
+        assert_rounded(got, want, mg, dtype, roundings=0, terms=max(k, n, m))
     for e, c in enumerate(counts):
         if c == 0:  # an expert with no rows: a zero weight gradient, not garbage
             assert (dw[e] == 0).all()
@@ -613,3 +655,24 @@ def test_trained_moe_load_on_the_stand_in():
     load = trained_load(shared.model, held, 4)
     assert len(load) == shared.config.num_hidden_layers
     assert all(x["max_over_mean"] >= 1 >= x["min_over_mean"] >= 0 for x in load)
+
+
+def test_routed_block_with_softmax_is_the_shared_block():
+    from snippets.common.models.qwen3_moe import Qwen3MoeForCausalLM
+    from snippets.moe_training.balance_run import with_routing
+
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(TINY_MOE)
+    x = torch.randn(2, 5, TINY_MOE.hidden_size)
+    want, want_logits = model.model.layers[0].mlp(x)
+    mlp = with_routing(model, "softmax")[0]
+    got, logits = mlp(x)
+    torch.testing.assert_close(got, want)  # the same weights, routing and expert code
+    assert torch.equal(logits, want_logits)
+    chosen = torch.softmax(logits, -1).topk(TINY_MOE.num_experts_per_tok, -1).indices
+    assert torch.equal(
+        mlp.load, torch.bincount(chosen.flatten(), minlength=mlp.cfg.experts).float()
+    )
+    mlp.bias[0] = 10.0  # the bias moves the choice, not the weights: expert 0 for every token
+    _, _ = mlp(x)
+    assert mlp.load[0] == x.shape[0] * x.shape[1]
