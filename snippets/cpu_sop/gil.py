@@ -20,26 +20,34 @@ def spin(n: int) -> tuple[float, float, float]:
     return time.thread_time() - t0, start, time.perf_counter()
 
 
-def _in_process(n, out):
+def _in_process(n, ready, out):
+    ready.wait()  # all started: the spins begin together
     out.put(spin(n))
 
 
 def concurrency(kind: str, workers: int, n: int = 3_000_000) -> float:
     """CPU seconds used by `workers` copies of spin(n), divided by the wall time from the first
-    start to the last end (process start-up is not counted: it is not the GIL)."""
+    start to the last end. The copies wait at a barrier until all exist, so process start-up
+    (a fork each, one after another) is not counted: it is not the GIL."""
     if kind not in ("threads", "processes") or workers < 1:
         raise ValueError(f"concurrency({kind!r}, {workers}): threads|processes, workers >= 1")
     cpu: list[tuple[float, float, float]] = []
     if kind == "threads":
-        ts = [threading.Thread(target=lambda: cpu.append(spin(n))) for _ in range(workers)]
+        ready = threading.Barrier(workers)
+
+        def in_thread():
+            ready.wait()
+            cpu.append(spin(n))
+
+        ts = [threading.Thread(target=in_thread) for _ in range(workers)]
         for t in ts:
             t.start()
         for t in ts:
             t.join()
     else:
         ctx = mp.get_context("fork")
-        out = ctx.Queue()
-        ps = [ctx.Process(target=_in_process, args=(n, out)) for _ in range(workers)]
+        ready, out = ctx.Barrier(workers), ctx.Queue()
+        ps = [ctx.Process(target=_in_process, args=(n, ready, out)) for _ in range(workers)]
         for p in ps:
             p.start()
         cpu = [out.get(timeout=120) for _ in ps]

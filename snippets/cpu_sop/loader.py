@@ -101,8 +101,9 @@ class Report:
 
 def watch(loader: DataLoader, steps: int, step_s: float = 0.0, warmup: int = 2) -> Report:
     """Run a training loop whose step takes `step_s` (a sleep: the GPU working) and time, per
-    step, how long next() waited. The first `warmup` batches (worker start-up) are not counted."""
-    it = iter(loader)
+    step, how long next() waited. The first `warmup` batches (worker start-up) are not counted.
+    `loader` may also be a running iterator of one: watch then continues where it stopped."""
+    it = iter(loader)  # an iterator's iter() is itself
     for _ in range(warmup):
         next(it)
     wait = item_wall = item_cpu = 0.0
