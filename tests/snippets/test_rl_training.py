@@ -72,8 +72,9 @@ def ref_advantages(rewards, scale):
     return out
 
 
-def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None):
-    """The paper's objective (to maximise), summed term by term."""
+def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None, weights=None):
+    """The paper's objective (to maximise), summed term by term; `weights` multiply each
+    token's clipped term, not the KL (verl's rollout_is_weights)."""
     p_n, g_n, _ = logp.shape
     adv = ref_advantages(rewards, scale=kind != "dr_grpo")
     total = 0.0
@@ -90,14 +91,15 @@ def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None):
                 continue
             for t in range(n):
                 ratio = torch.exp(logp[p, i, t] - old[p, i, t])
+                w = 1.0 if weights is None else weights[p, i, t]
                 if kind == "grpo":  # DeepSeekMath Eq. (3) with Eq. (4)
                     r = torch.exp(ref[p, i, t] - logp[p, i, t])
-                    term = ref_clip(ratio, a, 0.2, 0.2) - 0.04 * (r - torch.log(r) - 1)
+                    term = w * ref_clip(ratio, a, 0.2, 0.2) - 0.04 * (r - torch.log(r) - 1)
                     total = total + term / (g_n * n)
                 elif kind == "dapo":  # DAPO Eq. (8)
-                    total = total + ref_clip(ratio, a, 0.2, 0.28) / group_tokens
+                    total = total + w * ref_clip(ratio, a, 0.2, 0.28) / group_tokens
                 elif kind == "dr_grpo":  # Dr. GRPO §3.2, Listing 1
-                    total = total + ref_clip(ratio, a, 0.2, 0.2) / (g_n * max_tokens)
+                    total = total + w * ref_clip(ratio, a, 0.2, 0.2) / (g_n * max_tokens)
     return total / p_n
 
 
@@ -122,6 +124,37 @@ def test_loss_and_gradient_match_the_reference(kind, seed):
     assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
     assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-14)
     assert (a.grad * (1 - mask)).abs().max() == 0  # padding gets no gradient
+
+
+WEIGHTED = {
+    "grpo": lambda lp, old, ref, m, r, w: grpo_loss(lp, old, ref, m, r, is_weights=w),
+    "dapo": lambda lp, old, ref, m, r, w: dapo_loss(lp, old, m, r, is_weights=w),
+    "dr_grpo": lambda lp, old, ref, m, r, w: dr_grpo_loss(lp, old, m, r, 9, is_weights=w),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WEIGHTED))
+def test_importance_weights_multiply_each_tokens_clipped_term(kind):
+    """With rollout-correction weights, each token's clipped term is multiplied by its weight
+    (the KL term is not), values and gradients against the reference; all-one weights change
+    nothing; the weights get no gradient."""
+    logp, old, ref, mask, rewards = batch(seed=11)
+    gen = torch.Generator().manual_seed(11)
+    w = tis_weights(old, old + 0.3 * torch.randn(old.shape, generator=gen, dtype=F64), mask)
+    a = logp.clone().requires_grad_(True)
+    b = logp.clone().requires_grad_(True)
+    ww = w.clone().requires_grad_(True)
+    ours = WEIGHTED[kind](a, old, ref, mask, rewards, ww)
+    theirs = -ref_objective(kind, b, old, ref, mask, rewards, max_tokens=9, weights=w)
+    ours.backward()
+    theirs.backward()
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+    assert ww.grad is None
+    ones = WEIGHTED[kind](logp, old, ref, mask, rewards, mask.clone())
+    assert torch.allclose(ones, LOSSES[kind](logp, old, ref, mask, rewards), rtol=1e-14)
+    with pytest.raises(BatchError, match="is_weights has shape"):
+        WEIGHTED[kind](logp, old, ref, mask, rewards, w[..., :-1])
 
 
 def test_the_reference_batches_cross_the_clip_boundaries():
