@@ -115,23 +115,37 @@ def constant_mean(x, mask, max_tokens: int):
 
 
 # --8<-- [start:grpo]
-def grpo_loss(logp, old_logp, ref_logp, mask, rewards, eps: float = 0.2, beta: float = 0.04):
+def weighted(surrogate, is_weights, mask):
+    """The surrogate of each token times its importance weight (rollout correction, section 3:
+    verl multiplies its per-token policy losses by `rollout_is_weights` before aggregating,
+    the KL term untouched). The weights are data: no gradient flows through them."""
+    if is_weights is None:
+        return surrogate
+    if is_weights.shape != mask.shape:
+        got, want = tuple(is_weights.shape), tuple(mask.shape)
+        raise BatchError(f"is_weights has shape {got}, mask {want}")
+    return surrogate * is_weights.detach()
+
+
+def grpo_loss(logp, old_logp, ref_logp, mask, rewards, eps: float = 0.2, beta: float = 0.04,
+              is_weights=None):  # fmt: skip
     """DeepSeekMath Eq. (3): std-normalised group advantage, clipped ratio per token, minus
     beta * k3 per token, averaged per response (1/|o_i|) and over the group (1/G).
     beta = 0.04 is DeepSeekMath §4.2's KL coefficient."""
     check_batch(logp, old_logp, mask, rewards, ref_logp)
     adv = group_advantages(rewards)[..., None]
-    per_token = clipped_surrogate(torch.exp(logp - old_logp), adv, eps) - beta * k3(logp, ref_logp)
-    return -sequence_mean(per_token, mask)
+    surrogate = weighted(clipped_surrogate(torch.exp(logp - old_logp), adv, eps), is_weights, mask)
+    return -sequence_mean(surrogate - beta * k3(logp, ref_logp), mask)
 
 
-def dr_grpo_loss(logp, old_logp, mask, rewards, max_tokens: int, eps: float = 0.2):
+def dr_grpo_loss(logp, old_logp, mask, rewards, max_tokens: int, eps: float = 0.2,
+                 is_weights=None):  # fmt: skip
     """Dr. GRPO (§3.2): GRPO without the 1/|o_i| and without the division by std(R), no KL."""
     check_batch(logp, old_logp, mask, rewards)
     if mask.shape[-1] > max_tokens:
         raise BatchError(f"responses are padded to {mask.shape[-1]} > max_tokens {max_tokens}")
     adv = group_advantages(rewards, scale=False)[..., None]
-    per_token = clipped_surrogate(torch.exp(logp - old_logp), adv, eps)
+    per_token = weighted(clipped_surrogate(torch.exp(logp - old_logp), adv, eps), is_weights, mask)
     return -constant_mean(per_token, mask, max_tokens)
 
 
@@ -159,7 +173,8 @@ def overlong_penalty(lengths, max_len: int = 20480, cache: int = 4096):
     return torch.where(lengths <= max_len - cache, 0.0, torch.where(lengths <= max_len, ramp, -1.0))
 
 
-def dapo_loss(logp, old_logp, mask, rewards, eps_low: float = 0.2, eps_high: float = 0.28):
+def dapo_loss(logp, old_logp, mask, rewards, eps_low: float = 0.2, eps_high: float = 0.28,
+              is_weights=None):  # fmt: skip
     """DAPO Eq. (8): clip-higher, token-level mean over the group, no KL term. The groups must
     already be informative (filter with informative_groups first), as Eq. (8)'s constraint says.
     eps_low / eps_high: §4.1."""
@@ -169,7 +184,7 @@ def dapo_loss(logp, old_logp, mask, rewards, eps_low: float = 0.2, eps_high: flo
         raise BatchError(f"prompt {bad}: all rewards equal; drop it with informative_groups()")
     adv = group_advantages(rewards)[..., None]
     per_token = clipped_surrogate(torch.exp(logp - old_logp), adv, eps_low, eps_high)
-    return -token_mean(per_token, mask)
+    return -token_mean(weighted(per_token, is_weights, mask), mask)
 
 
 # --8<-- [end:dapo]

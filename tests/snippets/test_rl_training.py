@@ -2,13 +2,30 @@
 stated properties and an independently written reference (values and autograd gradients); the
 off-policy weights; the pipeline simulation against its closed-form bounds."""
 
+import copy
 import math
 import random
+from dataclasses import replace
 
 import pytest
 import torch
 
 from snippets.common.datafile import load_host_links
+from snippets.common.device import ON_GPU
+from snippets.common.train import init_weights
+from snippets.rl_training.experiment import (
+    CPU_BUDGET,
+    VARIANTS,
+    RolloutEngine,
+    answer_logp,
+    exact_match,
+    mismatch,
+    reinforce,
+    rl_loss_fn,
+    run_experiment,
+    sft_loss_fn,
+    supervised,
+)
 from snippets.rl_training.losses import (
     BatchError,
     check_batch,
@@ -32,6 +49,17 @@ from snippets.rl_training.pipeline import (
     fully_async,
     one_step_off,
     synchronous,
+)
+from snippets.rl_training.task import (
+    EOS,
+    SPLITS,
+    AdditionTask,
+    Problems,
+    TaskError,
+    digits,
+    doctest,
+    draw,
+    split_of,
 )
 from snippets.rl_training.weight_sync import links, sync_seconds
 
@@ -72,8 +100,9 @@ def ref_advantages(rewards, scale):
     return out
 
 
-def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None):
-    """The paper's objective (to maximise), summed term by term."""
+def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None, weights=None):
+    """The paper's objective (to maximise), summed term by term; `weights` multiply each
+    token's clipped term, not the KL (verl's rollout_is_weights)."""
     p_n, g_n, _ = logp.shape
     adv = ref_advantages(rewards, scale=kind != "dr_grpo")
     total = 0.0
@@ -90,14 +119,15 @@ def ref_objective(kind, logp, old, ref, mask, rewards, max_tokens=None):
                 continue
             for t in range(n):
                 ratio = torch.exp(logp[p, i, t] - old[p, i, t])
+                w = 1.0 if weights is None else weights[p, i, t]
                 if kind == "grpo":  # DeepSeekMath Eq. (3) with Eq. (4)
                     r = torch.exp(ref[p, i, t] - logp[p, i, t])
-                    term = ref_clip(ratio, a, 0.2, 0.2) - 0.04 * (r - torch.log(r) - 1)
+                    term = w * ref_clip(ratio, a, 0.2, 0.2) - 0.04 * (r - torch.log(r) - 1)
                     total = total + term / (g_n * n)
                 elif kind == "dapo":  # DAPO Eq. (8)
-                    total = total + ref_clip(ratio, a, 0.2, 0.28) / group_tokens
+                    total = total + w * ref_clip(ratio, a, 0.2, 0.28) / group_tokens
                 elif kind == "dr_grpo":  # Dr. GRPO §3.2, Listing 1
-                    total = total + ref_clip(ratio, a, 0.2, 0.2) / (g_n * max_tokens)
+                    total = total + w * ref_clip(ratio, a, 0.2, 0.2) / (g_n * max_tokens)
     return total / p_n
 
 
@@ -122,6 +152,37 @@ def test_loss_and_gradient_match_the_reference(kind, seed):
     assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
     assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-14)
     assert (a.grad * (1 - mask)).abs().max() == 0  # padding gets no gradient
+
+
+WEIGHTED = {
+    "grpo": lambda lp, old, ref, m, r, w: grpo_loss(lp, old, ref, m, r, is_weights=w),
+    "dapo": lambda lp, old, ref, m, r, w: dapo_loss(lp, old, m, r, is_weights=w),
+    "dr_grpo": lambda lp, old, ref, m, r, w: dr_grpo_loss(lp, old, m, r, 9, is_weights=w),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WEIGHTED))
+def test_importance_weights_multiply_each_tokens_clipped_term(kind):
+    """With rollout-correction weights, each token's clipped term is multiplied by its weight
+    (the KL term is not), values and gradients against the reference; all-one weights change
+    nothing; the weights get no gradient."""
+    logp, old, ref, mask, rewards = batch(seed=11)
+    gen = torch.Generator().manual_seed(11)
+    w = tis_weights(old, old + 0.3 * torch.randn(old.shape, generator=gen, dtype=F64), mask)
+    a = logp.clone().requires_grad_(True)
+    b = logp.clone().requires_grad_(True)
+    ww = w.clone().requires_grad_(True)
+    ours = WEIGHTED[kind](a, old, ref, mask, rewards, ww)
+    theirs = -ref_objective(kind, b, old, ref, mask, rewards, max_tokens=9, weights=w)
+    ours.backward()
+    theirs.backward()
+    assert torch.allclose(ours, theirs, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(a.grad, b.grad, rtol=1e-10, atol=1e-14)
+    assert ww.grad is None
+    ones = WEIGHTED[kind](logp, old, ref, mask, rewards, mask.clone())
+    assert torch.allclose(ones, LOSSES[kind](logp, old, ref, mask, rewards), rtol=1e-14)
+    with pytest.raises(BatchError, match="is_weights has shape"):
+        WEIGHTED[kind](logp, old, ref, mask, rewards, w[..., :-1])
 
 
 def test_the_reference_batches_cross_the_clip_boundaries():
@@ -535,3 +596,278 @@ def test_weight_sync_reads_the_hardware_file():
     assert sync_seconds(1e9, 100) == 0.02  # 2 GB at 100 GB/s
     with pytest.raises(ValueError, match="positive"):
         sync_seconds(1e9, 0)
+
+
+# ------------------------------------------------------------------ the task (section 6)
+
+
+@pytest.fixture(scope="module")
+def task():
+    from snippets.common.corpus import load_tokenizer
+
+    return AdditionTask(load_tokenizer())
+
+
+def test_rows_are_the_tokenizers_encoding_of_the_doctest_lines(task):
+    gen = torch.Generator().manual_seed(5)
+    p = draw(200, "test", gen)
+    rows = task.rows(p, answers=True)
+    texts = ["".join(doctest(a, b)) for a, b in zip(p.a.tolist(), p.b.tolist(), strict=True)]
+    for row, enc in zip(rows.tolist(), task.tokenizer.encode_batch(texts), strict=True):
+        assert [t for t in row if t != EOS] == enc.ids
+    prompts = task.rows(p)
+    assert torch.equal(prompts, rows[:, : task.prompt_len])
+    assert (prompts[:, -1] == task.nl[0]).all()  # right-aligned: every prompt ends the line
+    assert (prompts[:, 0] == EOS).any()  # and the shorter ones are padded on the left
+    assert task.score(p, rows[:, task.prompt_len :]).min() == 1
+
+
+def test_splits_are_disjoint_and_the_digit_counts_uniform():
+    every = torch.arange(1000)
+    a, b = every.repeat_interleave(1000), every.repeat(1000)
+    share = torch.bincount(split_of(a, b), minlength=3) / len(a)
+    # test and dev: 1/16 of the pairs each by construction of the hash, up to its unevenness
+    assert abs(share[2] - 1 / 16) < 0.005 and abs(share[1] - 1 / 16) < 0.005
+    gen = torch.Generator().manual_seed(6)
+    for split in SPLITS:
+        p = draw(3000, split, gen)
+        assert (split_of(p.a, p.b) == SPLITS.index(split)).all()
+        digits = torch.tensor([len(str(x)) for x in p.a.tolist()])
+        counts = torch.bincount(digits, minlength=4)[1:].double()
+        # 3000 draws, 1/3 each: binomial sd sqrt(3000 * 2/9) = 26; 5 sd is 129
+        assert (counts - 1000).abs().max() < 129, counts
+    assert (p.a <= 999).all() and (p.b >= 0).all()
+
+
+def test_digit_lists_by_hand():
+    assert digits(482) == "[2, 8, 4]" and digits(0) == "[0]" and digits(1998) == "[8, 9, 9, 1]"
+    assert doctest(482, 379) == (">>> add([2, 8, 4], [9, 7, 3])\n", "[1, 6, 8]\n")
+    with pytest.raises(TaskError, match="non-negative"):
+        digits(-1)
+
+
+def test_score_and_mask_by_hand(task):
+    p = Problems(torch.tensor([482, 5, 0, 7, 999]), torch.tensor([379, 5, 0, 3, 999]))
+    tok = task.tokenizer
+
+    def ids(text):
+        return tok.encode(text).ids
+
+    answers = [ids("[1, 6, 8]\n"), ids("[0,1]\n"), ids("[0, 0]\n"), ids("[0, 1"),
+               [*ids("[8, 9, 9, 1]"), EOS]]  # fmt: skip
+    width = task.max_new
+    tokens = torch.tensor([(x + [EOS] * width)[:width] for x in answers])
+    tokens[3, len(answers[3]) :] = ids(",")[0]  # "[0, 1" then commas, never a newline
+    got = task.score(p, tokens)
+    # right; other spacing; a leading zero; no end within max_new; ended by end-of-text
+    assert got.tolist() == [1.0, 0.0, 0.0, 0.0, 1.0]
+    indent = tok.token_to_id("\u010a\u0120\u0120\u0120\u0120")  # "\n" and 4 spaces: one token
+    assert tok.decode([indent]) == "\n    " and task.is_end[indent]
+    tokens[0, len(answers[0]) - 1] = indent  # ends the response as well as "\n" does
+    assert task.score(p, tokens)[0] == 1
+    mask = task.response_mask(tokens)
+    lengths = [len(answers[0]), len(answers[1]), len(answers[2]), width, len(answers[4])]
+    assert mask.sum(1).tolist() == lengths
+    with pytest.raises(TaskError, match=r"tokens must be \[5, T\]"):
+        task.score(p, tokens[:2])
+    with pytest.raises(TaskError, match=r"task\.to"):
+        task.response_mask(tokens.to("meta"))
+
+
+def test_task_bad_input(task):
+    gen = torch.Generator().manual_seed(0)
+    with pytest.raises(TaskError, match="split must be one of"):
+        draw(3, "valid", gen)
+    with pytest.raises(TaskError, match="n >= 1"):
+        draw(0, "train", gen)
+
+    class Enc:
+        def __init__(self, ids):
+            self.ids = ids
+
+    class Merging:  # a tokenizer whose BPE merged across the words of the check's texts
+        def __init__(self, real):
+            self.real = real
+
+        def encode_batch(self, texts):
+            out = [Enc(list(e.ids)) for e in self.real.encode_batch(texts)]
+            if len(texts) == 64:  # the constructor's check: whole doctest lines
+                for e in out:
+                    e.ids[:2] = [e.ids[0] + 1]
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.real, name)
+
+    with pytest.raises(TaskError, match="per-word concatenation"):
+        AdditionTask(Merging(task.tokenizer))
+
+
+# ------------------------------------------------------------------ the run (section 6)
+
+
+def test_answer_logp_is_the_full_forwards(task):
+    from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(TINY).eval()
+    ids = torch.randint(0, TINY.vocab_size, (3, 9))
+    full = model(ids).log_softmax(-1)[:, 3:-1].gather(-1, ids[:, 4:, None])[..., 0]
+    assert torch.allclose(answer_logp(model, ids, 4), full, atol=1e-6)
+
+
+def test_the_warm_up_loss_counts_the_answer_and_its_newline_only(task):
+    from snippets.common.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                      vocab_size=task.tokenizer.get_vocab_size())  # fmt: skip
+    torch.manual_seed(1)
+    model = Qwen3ForCausalLM(cfg).eval()
+    rows = task.rows(draw(4, "train", torch.Generator().manual_seed(2)), answers=True)
+    loss, _ = sft_loss_fn(model, task)(rows)
+    p = task.prompt_len
+    logp = model(rows).log_softmax(-1)
+    want = []
+    for r in range(len(rows)):
+        t = p
+        while True:  # through the first end token
+            want.append(logp[r, t - 1, rows[r, t]])
+            if task.is_end[rows[r, t]]:
+                break
+            t += 1
+    assert torch.allclose(loss, -torch.stack(want).mean(), atol=1e-6)
+    after = rows.clone()
+    after[:, -1] = 7  # a token after every answer's newline: not trained on, changes nothing
+    assert torch.equal(sft_loss_fn(model, task)(after)[0], loss)
+
+
+def test_the_engine_samples_in_its_own_precision_and_follows_sync():
+    """The engine's log-probabilities are its model's own (teacher-forced on what it sampled);
+    sync rounds the trainer's weights into it, tied head included."""
+    from snippets.common.models.qwen3 import TINY, Qwen3ForCausalLM
+
+    torch.manual_seed(3)
+    policy = Qwen3ForCausalLM(replace(TINY, tie_word_embeddings=True)).eval()
+    prompts = torch.randint(0, TINY.vocab_size, (6, 4))
+    for dtype, atol in ((torch.float32, 1e-5), (torch.bfloat16, None)):
+        engine = RolloutEngine(policy, 6, 9, dtype)
+        gen = torch.Generator().manual_seed(0)
+        tokens, logp = engine.sample(prompts, 5, gen)
+        assert tokens.shape == logp.shape == (6, 5) and (logp <= 0).all()
+        if atol:  # the decode step over the KV cache = the full forward, to fp32 rounding
+            ids = torch.cat([prompts, tokens], 1)
+            assert torch.allclose(logp, answer_logp(policy, ids, 4), atol=atol)
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01)
+    engine.sync(policy)
+    for a, b in zip(engine.model.parameters(), policy.parameters(), strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b.to(torch.bfloat16))
+
+
+class Pick3:
+    """A task a tiny model learns in a few steps: the prompt is fixed, the reward is 1 when the
+    first token is 3 (about 1 in 16 under a fresh model of 16 tokens), token 0 ends."""
+
+    prompt_len, max_new = 2, 3
+    is_end = torch.arange(16) == 0
+    response_mask = AdditionTask.response_mask
+
+    def rows(self, problems, answers=False):
+        row = [5, 6] + ([3, 0, 0] if answers else [])
+        return torch.tensor(row).repeat(len(problems), 1)
+
+    def score(self, problems, tokens):
+        return (tokens[:, 0] == 3).float()
+
+
+def tiny16(seed=0):
+    from snippets.common.models.qwen3 import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=16,
+                      tie_word_embeddings=True)  # fmt: skip
+    model = Qwen3ForCausalLM(cfg).eval()
+    init_weights(model, 0.02, seed)  # the shared models' init: a near-uniform first token
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rl_raises_the_reward_of_a_learnable_task(variant):
+    """The whole loop -- engine, reward, advantage, update, sync -- on Pick3: the sampled reward
+    of the last steps is far above the first steps' (a sign error would drive it to 0)."""
+    task = Pick3()
+    budget = replace(CPU_BUDGET, prompts=8, group=8, rl_steps=12, rl_lr=1e-2, curve_window=4)
+    policy = tiny16()
+    ref = tiny16().requires_grad_(False)
+    engine = RolloutEngine(policy, 64, 5)
+    log = reinforce(policy, ref, engine, task, budget, variant, seed=0)
+    first = sum(s["reward"] for s in log[:3]) / 3
+    last = sum(s["reward"] for s in log[-3:]) / 3
+    assert first < 0.2 and last > 0.6, [round(s["reward"], 2) for s in log]
+    # fp32 trainer, bf16 engine: a small mismatch, never near the cap
+    assert all(0 < s["log_ratio_abs"] < 0.05 and s["truncated"] == 0 for s in log)
+
+
+def test_the_warm_up_stops_at_its_target():
+    task = Pick3()
+    budget = replace(CPU_BUDGET, sft_max_steps=40, sft_check_every=5, sft_target=0.9,
+                     sft_lr=1e-2, dev=16)  # fmt: skip
+    policy = tiny16(1)
+    dev = Problems(torch.zeros(16, dtype=torch.long), torch.zeros(16, dtype=torch.long))
+    before = exact_match(policy, task, dev, task.rows(dev))
+    out = supervised(policy, task, budget, 0, dev, task.rows(dev))
+    assert before == 0 and out["dev_sampled"] >= 0.9 and out["steps"] < 40
+    assert out["steps"] % 5 == 0 and exact_match(policy, task, dev, task.rows(dev)) == 1
+
+
+def test_dapo_skips_a_batch_without_an_informative_group():
+    task = Pick3()
+    task.score = lambda problems, tokens: torch.zeros(len(tokens))  # nobody is ever right
+    budget = replace(CPU_BUDGET, prompts=2, group=4, rl_steps=2, curve_window=1)
+    policy = tiny16()
+    before = copy.deepcopy(policy.state_dict())
+    log = reinforce(policy, policy, RolloutEngine(policy, 8, 5), task, budget, "dapo", 0)
+    assert [set(s) for s in log] == [{"reward", "informative"}] * 2
+    for name, value in policy.state_dict().items():  # no step taken: no weight decay either
+        assert torch.equal(value, before[name]), name
+    assert mismatch(log) == {"log_ratio_abs": 0.0, "truncated": 0.0, "informative": 0.0}
+
+
+def test_budget_bad_input():
+    with pytest.raises(ValueError, match="group must be >= 2"):
+        replace(CPU_BUDGET, group=1)
+    with pytest.raises(ValueError, match=">= 1"):
+        replace(CPU_BUDGET, rl_steps=0)
+    with pytest.raises(ValueError, match="must divide rl_steps"):
+        replace(CPU_BUDGET, curve_window=3)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        rl_loss_fn(None, None, Pick3(), CPU_BUDGET, "ppo", {})
+
+
+@pytest.mark.skipif(ON_GPU, reason="on CUDA, bench_gpu.py runs the experiment at full size")
+def test_experiment_runs_end_to_end_on_the_cpu_stand_in():
+    from snippets.common.train import trained
+
+    draft = trained("draft")  # the CPU stand-in, trained in seconds
+    out = run_experiment(draft.model, draft.tokenizer, CPU_BUDGET)
+    assert set(out) == {"base", "warmup", "runs", "curve"}  # every value is shown on the page
+    seeds = range(1, CPU_BUDGET.seeds + 1)  # seed 0 is the warm-up's
+    assert [(r["variant"], r["seed"]) for r in out["runs"]] == [
+        (v, s) for s in seeds for v in VARIANTS]  # fmt: skip
+    window = CPU_BUDGET.curve_window
+    steps = list(range(window, CPU_BUDGET.rl_steps + 1, window))
+    assert [(c["variant"], c["step"]) for c in out["curve"]] == [
+        (v, s) for v in VARIANTS for s in steps]  # fmt: skip
+    warm = out["warmup"]
+    assert warm["steps"] == CPU_BUDGET.sft_check_every  # target 0: the first check stops it
+    for r in out["runs"]:
+        for key in ("after_greedy", "after_sampled", "truncated", "informative"):
+            assert 0 <= r[key] <= 1, key
+        assert r["gain_sampled"] == r["after_sampled"] - warm["sampled"]
+        assert r["gain_greedy"] == r["after_greedy"] - warm["greedy"]
+        updated = r["variant"] == "grpo" or r["informative"] > 0  # DAPO skips the rest
+        assert (r["log_ratio_abs"] > 0) == updated  # fp32 trainer against the bf16 engine
+    assert set(out["base"]) == {"greedy", "sampled"} <= set(warm)
