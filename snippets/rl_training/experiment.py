@@ -75,22 +75,26 @@ class Budget:
 # On one H200, estimated from operation counts (the shared draft model: a graphed training step
 # of 16 x 512 tokens ~4 ms, eager ~22 ms, both bound by launching kernels; a graphed decode
 # step ~1 ms). Sequences are 17 prompt + 12 answer tokens.
-#   warm-up      <= 1500 graphed steps of 256 x 29 tokens, ~4 ms each (a draft step's launches,
-#                fewer tokens): <= 6 s; a dev check every 25 steps, 256 prompts through 28
-#                eager fp32 decode steps of ~2.5 ms: <= 4.2 s. It stops at the first check
+#   warm-up      <= 1000 graphed steps of 256 x 29 tokens, ~4 ms each (a draft step's launches,
+#                fewer tokens): <= 4 s; a dev check every 25 steps, 256 prompts through 28
+#                eager fp32 decode steps of ~2.5 ms: <= 2.8 s. It stops at the first check
 #                that passes, usually long before (on a smaller CPU stand-in of the draft the
 #                accuracy rose steeply within a few checks: hence checks this frequent).
-#   RL step      28 graphed decode replays ~28 ms + scoring 512 answers on the host ~3 ms + an
-#                eager forward and backward ~22 ms (+ the reference's forward ~7 ms for GRPO) +
-#                the loss and the weight copy ~3 ms: ~63 ms GRPO, ~56 ms DAPO. 40 steps of
-#                each, 3 seeds: ~14 s.
+#   RL step      2048 rollouts: 28 graphed decode replays ~28 ms + scoring on the host ~10 ms
+#                + an eager forward and backward over 2048 x 29 tokens ~30 ms (~5 TFLOP of
+#                bf16 matmuls: no longer launch-bound) + the reference's forward ~10 ms for
+#                GRPO + the loss and the weight copy ~5 ms: ~83 ms GRPO, ~73 ms DAPO. 40 steps
+#                of each, 3 seeds: ~19 s.
 #   evaluation   greedy + 2 sampled passes over 512 test problems, 28 eager decode steps each:
-#                ~0.2 s; the base model, the warm-up checkpoint and 6 runs: ~1.6 s.
-# <= 26 s in all, ~18 s when the warm-up stops near step 300. The post also loads the draft
+#                ~0.2 s; the base model, the warm-up checkpoint and 6 runs: ~1.7 s.
+# <= 28 s in all, ~23 s when the warm-up stops near step 300. The post also loads the draft
 # (or trains it, ~10 s, when the trained-models post did not run first) and runs its page and
-# tests (~8 s with the interpreter's and CUDA's start): <= ~44 s of its 60 s.
-GPU_BUDGET = Budget(seeds=3, sft_batch=256, sft_max_steps=1500, sft_check_every=25,
-                    sft_target=0.3, sft_lr=2e-3, dev=256, prompts=64, group=8, rl_steps=40,
+# tests (~8 s with the interpreter's and CUDA's start): <= ~46 s of its 60 s.
+# The batch is large because the GPU is nearly idle at these sizes and the update needs it: on
+# the CPU stand-in, 512 rollouts a step left the learning rate a choice between too slow
+# (3e-4) and too noisy (1e-3, which lowered the reward); 2048 at 3e-4 raised it steadily.
+GPU_BUDGET = Budget(seeds=3, sft_batch=256, sft_max_steps=1000, sft_check_every=25,
+                    sft_target=0.3, sft_lr=2e-3, dev=256, prompts=256, group=8, rl_steps=40,
                     rl_lr=3e-4, warmup_steps=5, test=512, test_samples=2)  # fmt: skip
 CPU_BUDGET = Budget(seeds=2, sft_batch=16, sft_max_steps=4, sft_check_every=2, sft_target=0.0,
                     sft_lr=1e-3, dev=8, prompts=4, group=4, rl_steps=4, rl_lr=1e-3,
