@@ -326,7 +326,8 @@ def run_experiment(model, tokenizer, budget: Budget) -> dict:
     """The shared draft model (`trained("draft")`'s model and tokenizer): its exact match as it
     is, one warm-up checkpoint and its exact match ("before"), then from that checkpoint each
     variant with each RL seed: one row per (variant, seed) with the exact match after, and per
-    variant the reward curve (median over the seeds of each window's mean reward)."""
+    variant its median and spread over the seeds and the reward curve (median over the seeds
+    of each window's mean reward)."""
     device = next(model.parameters()).device
     task = AdditionTask(tokenizer, budget.max_digits).to(device)
     data_gen = torch.Generator().manual_seed(2024)
@@ -357,7 +358,16 @@ def run_experiment(model, tokenizer, budget: Budget) -> dict:
     curve = [{"variant": v, "step": k + w, "reward": median(sum(r[k : k + w]) / w for r in rs)}
              for v, rs in rewards.items() for k in range(0, budget.rl_steps, w)]  # fmt: skip
     return {"base": base, "warmup": {"steps": warm["steps"], **before}, "runs": runs,
-            "curve": curve}  # fmt: skip
+            "variants": [summary(runs, v) for v in VARIANTS], "curve": curve}  # fmt: skip
+
+
+def summary(runs: list[dict], variant: str) -> dict:
+    """One variant over its seeds: the median exact match after RL and the spread (max - min)."""
+    out = {"variant": variant}
+    for key in ("after_greedy", "after_sampled"):
+        xs = [r[key] for r in runs if r["variant"] == variant]
+        out[key], out[key.replace("after", "spread")] = median(xs), max(xs) - min(xs)
+    return out
 
 
 # --8<-- [end:run]
