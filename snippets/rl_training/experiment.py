@@ -285,7 +285,7 @@ def reinforce(policy, ref, engine: RolloutEngine, task: AdditionTask, budget: Bu
     for i in range(budget.rl_steps):
         problems = draw(budget.prompts, "train", problems_gen, budget.max_digits)
         each = Problems(problems.a.repeat_interleave(g), problems.b.repeat_interleave(g))
-        prompts = task.rows(each).to(device)
+        prompts = task.rows(problems).repeat_interleave(g, 0).to(device)
         tokens, rollout_logp = engine.sample(prompts, task.max_new, sample_gen, budget.temperature)
         rewards = task.score(each, tokens).to(device).view(budget.prompts, g)
         informative = informative_groups(rewards).float().mean().item()
