@@ -261,8 +261,10 @@ def rl_loss_fn(policy, ref, task: AdditionTask, budget: Budget, variant: str, ba
             loss = dapo_loss(logp[keep], old[keep], mask[keep], rewards[keep], is_weights=w[keep])
         log_rho = (old - rollout) * mask  # log(pi_trainer / pi_rollout) per response token
         n = mask.sum()
-        logged = {"log_ratio_abs": log_rho.abs().sum() / n,
-                  "truncated": ((log_rho > math.log(budget.tis_cap)) * mask).sum() / n}
+        logged = {
+            "log_ratio_abs": log_rho.abs().sum() / n,
+            "truncated": ((log_rho > math.log(budget.tis_cap)) * mask).sum() / n,
+        }
         return loss, logged
 
     return loss_fn
