@@ -75,21 +75,26 @@ class Budget:
 # On one H200, estimated from operation counts (the shared draft model: a graphed training step
 # of 16 x 512 tokens ~4 ms, eager ~22 ms, both bound by launching kernels; a graphed decode
 # step ~1 ms). Sequences are 17 prompt + 12 answer tokens.
-#   warm-up      <= 2000 graphed steps of 256 x 29 tokens, ~4 ms each (a draft step's launches,
-#                fewer tokens): <= 8 s; a dev check every 100 steps, 256 prompts through 28
-#                eager fp32 decode steps of ~2.5 ms: <= 1.4 s. It stops at the first check
-#                that passes, usually long before.
-#   RL step      28 graphed decode replays ~28 ms + scoring 512 answers on the host ~3 ms + an
-#                eager forward and backward ~22 ms (+ the reference's forward ~7 ms for GRPO) +
-#                the loss and the weight copy ~3 ms: ~63 ms GRPO, ~56 ms DAPO. 40 steps of
-#                each, 3 seeds: ~14 s.
+#   warm-up      <= 1000 graphed steps of 256 x 29 tokens, ~4 ms each (a draft step's launches,
+#                fewer tokens): <= 4 s; a dev check every 25 steps, 256 prompts through 28
+#                eager fp32 decode steps of ~2.5 ms: <= 2.8 s. It stops at the first check
+#                that passes, usually long before (on a smaller CPU stand-in of the draft the
+#                accuracy rose steeply within a few checks: hence checks this frequent).
+#   RL step      2048 rollouts: 28 graphed decode replays ~28 ms + scoring on the host ~10 ms
+#                + an eager forward and backward over 2048 x 29 tokens ~30 ms (~5 TFLOP of
+#                bf16 matmuls: no longer launch-bound) + the reference's forward ~10 ms for
+#                GRPO + the loss and the weight copy ~5 ms: ~83 ms GRPO, ~73 ms DAPO. 40 steps
+#                of each, 3 seeds: ~19 s.
 #   evaluation   greedy + 2 sampled passes over 512 test problems, 28 eager decode steps each:
-#                ~0.2 s; the base model, the warm-up checkpoint and 6 runs: ~1.6 s.
-# <= 25 s in all. The post also loads the draft (or trains it, ~10 s, when the trained-models
-# post did not run first) and runs its page and tests (~8 s with the interpreter's and CUDA's
-# start): <= ~43 s of its 60 s.
-GPU_BUDGET = Budget(seeds=3, sft_batch=256, sft_max_steps=2000, sft_check_every=100,
-                    sft_target=0.3, sft_lr=2e-3, dev=256, prompts=64, group=8, rl_steps=40,
+#                ~0.2 s; the base model, the warm-up checkpoint and 6 runs: ~1.7 s.
+# <= 28 s in all, ~23 s when the warm-up stops near step 300. The post also loads the draft
+# (or trains it, ~10 s, when the trained-models post did not run first) and runs its page and
+# tests (~8 s with the interpreter's and CUDA's start): <= ~46 s of its 60 s.
+# The batch is large because the GPU is nearly idle at these sizes and the update needs it: on
+# the CPU stand-in, 512 rollouts a step left the learning rate a choice between too slow
+# (3e-4) and too noisy (1e-3, which lowered the reward); 2048 at 3e-4 raised it steadily.
+GPU_BUDGET = Budget(seeds=3, sft_batch=256, sft_max_steps=1000, sft_check_every=25,
+                    sft_target=0.3, sft_lr=2e-3, dev=256, prompts=256, group=8, rl_steps=40,
                     rl_lr=3e-4, warmup_steps=5, test=512, test_samples=2)  # fmt: skip
 CPU_BUDGET = Budget(seeds=2, sft_batch=16, sft_max_steps=4, sft_check_every=2, sft_target=0.0,
                     sft_lr=1e-3, dev=8, prompts=4, group=4, rl_steps=4, rl_lr=1e-3,
@@ -282,7 +287,7 @@ def reinforce(policy, ref, engine: RolloutEngine, task: AdditionTask, budget: Bu
     for i in range(budget.rl_steps):
         problems = draw(budget.prompts, "train", problems_gen, budget.max_digits)
         each = Problems(problems.a.repeat_interleave(g), problems.b.repeat_interleave(g))
-        prompts = task.rows(each).to(device)
+        prompts = task.rows(problems).repeat_interleave(g, 0).to(device)
         tokens, rollout_logp = engine.sample(prompts, task.max_new, sample_gen, budget.temperature)
         rewards = task.score(each, tokens).to(device).view(budget.prompts, g)
         informative = informative_groups(rewards).float().mean().item()
@@ -323,7 +328,8 @@ def run_experiment(model, tokenizer, budget: Budget) -> dict:
     """The shared draft model (`trained("draft")`'s model and tokenizer): its exact match as it
     is, one warm-up checkpoint and its exact match ("before"), then from that checkpoint each
     variant with each RL seed: one row per (variant, seed) with the exact match after, and per
-    variant the reward curve (median over the seeds of each window's mean reward)."""
+    variant its median and spread over the seeds and the reward curve (median over the seeds
+    of each window's mean reward)."""
     device = next(model.parameters()).device
     task = AdditionTask(tokenizer, budget.max_digits).to(device)
     data_gen = torch.Generator().manual_seed(2024)
@@ -354,7 +360,16 @@ def run_experiment(model, tokenizer, budget: Budget) -> dict:
     curve = [{"variant": v, "step": k + w, "reward": median(sum(r[k : k + w]) / w for r in rs)}
              for v, rs in rewards.items() for k in range(0, budget.rl_steps, w)]  # fmt: skip
     return {"base": base, "warmup": {"steps": warm["steps"], **before}, "runs": runs,
-            "curve": curve}  # fmt: skip
+            "variants": [summary(runs, v) for v in VARIANTS], "curve": curve}  # fmt: skip
+
+
+def summary(runs: list[dict], variant: str) -> dict:
+    """One variant over its seeds: the median exact match after RL and the spread (max - min)."""
+    out = {"variant": variant}
+    for key in ("after_greedy", "after_sampled"):
+        xs = [r[key] for r in runs if r["variant"] == variant]
+        out[key], out[key.replace("after", "spread")] = median(xs), max(xs) - min(xs)
+    return out
 
 
 # --8<-- [end:run]

@@ -133,15 +133,15 @@ class AdditionTask:
     def rows(self, problems: Problems, answers: bool = False) -> torch.Tensor:
         """[n, prompt_len] prompts, left-padded with EOS; answers=True: [n, prompt_len +
         max_new] with the answer and its newline after the prompt, EOS after that."""
-        width = self.prompt_len + (self.max_new if answers else 0)
-        out = torch.full((len(problems), width), EOS, dtype=torch.long)
-        for i, (a, b) in enumerate(zip(problems.a.tolist(), problems.b.tolist(), strict=True)):
+        rows = []
+        for a, b in zip(problems.a.tolist(), problems.b.tolist(), strict=True):
             prompt = self.head + self.first[a] + self.second[b] + self.nl
-            out[i, self.prompt_len - len(prompt) : self.prompt_len] = torch.tensor(prompt)
+            row = [EOS] * (self.prompt_len - len(prompt)) + prompt
             if answers:
                 ans = self.answer[a + b]
-                out[i, self.prompt_len : self.prompt_len + len(ans)] = torch.tensor(ans)
-        return out
+                row += ans + [EOS] * (self.max_new - len(ans))
+            rows.append(row)
+        return torch.tensor(rows, dtype=torch.long)  # one conversion: a few ms for 2048 rows
 
     # --8<-- [end:tokens]
 

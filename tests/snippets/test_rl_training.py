@@ -24,6 +24,7 @@ from snippets.rl_training.experiment import (
     rl_loss_fn,
     run_experiment,
     sft_loss_fn,
+    summary,
     supervised,
 )
 from snippets.rl_training.losses import (
@@ -853,7 +854,7 @@ def test_experiment_runs_end_to_end_on_the_cpu_stand_in():
 
     draft = trained("draft")  # the CPU stand-in, trained in seconds
     out = run_experiment(draft.model, draft.tokenizer, CPU_BUDGET)
-    assert set(out) == {"base", "warmup", "runs", "curve"}  # every value is shown on the page
+    assert set(out) == {"base", "warmup", "runs", "variants", "curve"}  # all shown on the page
     seeds = range(1, CPU_BUDGET.seeds + 1)  # seed 0 is the warm-up's
     assert [(r["variant"], r["seed"]) for r in out["runs"]] == [
         (v, s) for s in seeds for v in VARIANTS]  # fmt: skip
@@ -871,3 +872,16 @@ def test_experiment_runs_end_to_end_on_the_cpu_stand_in():
         updated = r["variant"] == "grpo" or r["informative"] > 0  # DAPO skips the rest
         assert (r["log_ratio_abs"] > 0) == updated  # fp32 trainer against the bf16 engine
     assert set(out["base"]) == {"greedy", "sampled"} <= set(warm)
+    for v in out["variants"]:
+        xs = [r["after_sampled"] for r in out["runs"] if r["variant"] == v["variant"]]
+        assert min(xs) <= v["after_sampled"] <= max(xs)
+        assert v["spread_sampled"] == max(xs) - min(xs)
+
+
+def test_variant_summary_by_hand():
+    runs = [{"variant": "grpo", "after_greedy": g, "after_sampled": s}
+            for g, s in ((0.5, 0.3), (0.7, 0.2), (0.6, 0.6))]  # fmt: skip
+    got = summary(runs, "grpo")
+    assert got["after_greedy"] == 0.6 and got["after_sampled"] == 0.3
+    assert got["spread_greedy"] == pytest.approx(0.2)
+    assert got["spread_sampled"] == pytest.approx(0.4)
