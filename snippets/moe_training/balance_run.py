@@ -1,11 +1,13 @@
 """The load-balancing experiment: the shared MoE's shape and training recipe
 (data/trained_models.yaml `moe`; its CPU stand-in where there is no CUDA), trained from the
-same initial weights three ways:
+same initial weights four ways:
 
-    aux-loss   softmax routing + the Switch load-balancing loss (coefficient 0.001), as the
-               shared model is trained
-    aux-free   sigmoid routing + DeepSeek-V3's bias update (gamma 0.001), no balancing loss
-    none       sigmoid routing, no balancing at all (the control)
+    aux-loss      softmax routing + the Switch load-balancing loss (coefficient 0.001), as the
+                  shared model is trained
+    aux-free      sigmoid routing + DeepSeek-V3's bias update (gamma 0.001), no balancing loss
+    aux-free-10x  the same with gamma 0.01: DeepSeek-V3's gamma is set for ~2e5 steps, and in
+                  60 steps it moves a bias by at most 0.06
+    none          sigmoid routing, no balancing at all (the control)
 
 Every step records the LM loss and, per layer, the busiest expert's load over the mean load; the
 held-out loss is measured at the end. Also: the load of the shared trained model itself on
@@ -27,12 +29,13 @@ from snippets.common.train import Trainer, batch_order, init_weights, rows, sett
 from snippets.moe_training.balance import max_over_mean, update_bias
 from snippets.moe_training.layer import MoeConfig, route
 
-METHODS = {  # name: (scoring, balancing)
-    "aux-loss": ("softmax", "aux"),
-    "aux-free": ("sigmoid", "bias"),
-    "none": ("sigmoid", None),
-}
 GAMMA = 0.001  # DeepSeek-V3 §4.2: the bias update speed for the first 14.3T tokens
+METHODS = {  # name: (scoring, balancing, bias update speed)
+    "aux-loss": ("softmax", "aux", 0.0),
+    "aux-free": ("sigmoid", "bias", GAMMA),
+    "aux-free-10x": ("sigmoid", "bias", 10 * GAMMA),
+    "none": ("sigmoid", None, 0.0),
+}
 
 
 # --8<-- [start:swap]
@@ -87,7 +90,7 @@ def streams(spec):
 # --8<-- [start:run]
 def run(method: str, seed: int, steps: int | None = None, spec=None, eval_tokens=None) -> dict:
     """Train the shared MoE's shape with one balancing method; per-step LM loss and load."""
-    scoring, balancing = METHODS[method]
+    scoring, balancing, gamma = METHODS[method]
     spec = spec or load_trained_models()
     _, cfg, tc = settings("moe", spec, seed)
     steps, eval_tokens = steps or tc.steps, eval_tokens or tc.eval_tokens
@@ -109,7 +112,7 @@ def run(method: str, seed: int, steps: int | None = None, spec=None, eval_tokens
         load = torch.stack([m.load for m in mlps])
         if balancing == "bias":  # from this step's load, for the next step's choice
             for m in mlps:  # (DeepSeek-V3 §2.1.2); the bias has no gradient and the
-                update_bias(m.bias, m.load, GAMMA)  # backward reads no bias: done here
+                update_bias(m.bias, m.load, gamma)  # backward reads no bias: done here
         return loss, (lm.detach(), load)
 
     trainer = Trainer(model, tc, loss_fn)  # the shared optimizer step; on CUDA graph replay

@@ -3,21 +3,13 @@ loop of matmuls, torch._grouped_mm and one dense GEMM of the same FLOPs, balance
 forward and backward; FP8 against bf16; the load-balancing experiment on the shared MoE's shape;
 the shared trained MoE's expert load. Writes results/moe-training/{grouped-gemm,fp8,balance}.json.
 
-Budget: 60 s from a cold start; estimated 47 s, from the first H200 run's trace (133.8 s,
-where three profiler sessions and 9 eager balancing runs of the reference layer took most):
-  start-up (imports, CUDA context)                                                  ~4 s
-  the GEMM and FP8 cases built, the FP8 errors computed                             ~2 s
-  one kernel_ms_each session for all 20 callables (was 3 sessions, 28 s in all):
-    warm-up (Triton compiles, autotuning: 5.8 s measured)                           ~6 s
-    settling 2 s + 19 x 0.2 s, plus a little until chunks agree                     ~6 s
-    profiler start, stop, events (9.3 s for 3 sessions measured)                    ~3 s
-    the timed repeats (28 - 10.3 - 9.3 - 5.8 s measured)                            ~3 s
-  9 balancing runs of 60 steps, graphed by train.Trainer on the shared block's padded
-    bmm: 60 x 21 ms (the shared MoE's graphed step in results/trained-models) = 1.3 s,
-    + ~0.4 s eager warm-up and capture, + ~0.2 s for 32768 held-out tokens:
-    9 x 1.9 s                                                                      ~17 s
-  the shared model from its cache, the corpus, its load on 64 held-out rows        ~5 s
-  total                                                                            ~47 s
+Budget: 60 s from a cold start. The run of d4df628 took 65.9 s (pytest 63.2 s): this file
+39.4 s, of which one kernel_ms_each session 20.4 s (settling 6.8, warm-up and autotuning 6.1,
+profiler 5.0, timed repeats ~2.5), 9 graphed balancing runs ~15 s, the rest ~4 s; the page's
+other fences and the tests ~24 s. Since then: the loop baseline's backward no longer writes a
+zero copy of all 128 experts' weights per expert (102 ms -> a few ms a call), the autotuning
+lists grew by three configs (~+3 s), and a fourth balancing method adds 3 runs (~+5 s).
+Estimate ~70 s: the autotuning winners printed by this run will replace the lists.
 """
 
 import torch
