@@ -3,13 +3,12 @@ loop of matmuls, torch._grouped_mm and one dense GEMM of the same FLOPs, balance
 forward and backward; FP8 against bf16; the load-balancing experiment on the shared MoE's shape;
 the shared trained MoE's expert load. Writes results/moe-training/{grouped-gemm,fp8,balance}.json.
 
-Budget: 60 s from a cold start. The run of d4df628 took 65.9 s (pytest 63.2 s): this file
-39.4 s, of which one kernel_ms_each session 20.4 s (settling 6.8, warm-up and autotuning 6.1,
-profiler 5.0, timed repeats ~2.5), 9 graphed balancing runs ~15 s, the rest ~4 s; the page's
-other fences and the tests ~24 s. Since then: the loop baseline's backward no longer writes a
-zero copy of all 128 experts' weights per expert (102 ms -> a few ms a call), the autotuning
-lists grew by three configs (~+3 s), and a fourth balancing method adds 3 runs (~+5 s).
-Estimate ~70 s: the autotuning winners printed by this run will replace the lists.
+Budget: 60 s from a cold start. The run of 7c78ee7 took 69.2 s (pytest 67 s) without the
+trained-models post before it (so the shared MoE was trained here, ~6 s): this file 47.2 s, of
+which one kernel_ms_each session 19.3 s (settling 9.2, warm-up and autotuning 4.5, profiler
+4.0; one callable timed again, 2.5 s), 12 graphed balancing runs and the shared MoE ~24 s; the
+tests at tiny shapes ~12 s, of which ~8 s autotuned configs that tiny shapes do not need (now
+one config below N or K 512). Estimate after trained-models: ~55 s.
 """
 
 import torch

@@ -505,6 +505,17 @@ def test_tile_schedule_covers_every_row_once():
     assert covered == list(range(int(counts.sum())))
 
 
+def test_tiny_problems_skip_autotuning():
+    import triton
+
+    from snippets.moe_training.grouped_gemm import DW_SHAPES, _small_first
+
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk}) for bm, bn, bk, _, _ in DW_SHAPES]
+    assert _small_first(configs, {"N": 1536}, K=2048) == configs  # the benchmark's shape
+    (only,) = _small_first(configs, {"N": 32}, K=2048)  # a test's shape: one compile
+    assert only.kwargs["BN"] * only.kwargs["BK"] == min(bn * bk for _, bn, bk, _, _ in DW_SHAPES)
+
+
 def test_loop_baseline_backward_writes_each_weight_once():
     # w[g] in a loop: each SelectBackward writes a zero tensor the size of all of w (G copies in
     # all, 102 ms a call at the benchmark's shape); unbind's backward stacks the G slices once
