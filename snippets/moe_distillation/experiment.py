@@ -83,7 +83,7 @@ class Budget:
 # 3 seeds, topk eager (its id check read the GPU, which a capture cannot), a teacher pass and
 # a decoder capture per measured student.
 GPU_BUDGET = Budget(steps=120, warmup_steps=12, topk=16, onpolicy_steps=30, prompt_len=32,
-                    gen_len=32, seeds=3, eval_prompts=64)  # fmt: skip
+                    gen_len=32, seeds=2, eval_prompts=64)  # fmt: skip
 CPU_BUDGET = Budget(steps=4, warmup_steps=1, topk=8, onpolicy_steps=2, prompt_len=16,
                     gen_len=16, seeds=2, eval_prompts=4, eval_tokens=1024)  # fmt: skip
 
