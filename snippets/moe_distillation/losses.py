@@ -147,14 +147,11 @@ def teacher_topk(teacher_logits, k: int, value_dtype=torch.bfloat16):
     return values.to(value_dtype), idx.to(torch.int32)
 
 
-def topk_kl_loss(student_logits, top_values, top_idx, mask=None, temperature: float = 1.0,
-                 check_ids: bool = True):  # fmt: skip
+def topk_kl_loss(student_logits, top_values, top_idx, mask=None, temperature: float = 1.0):
     """KL(p~ || q_T) with p~ the teacher renormalized over its stored top-k S (zero outside S)
     and q the student's full softmax: T^2 sum_{i in S} p~_i (log p~_i - log q_i). Its gradient
     T (q_T - p~) pushes the student's mass outside S to zero, mass the teacher did give: the
-    truncation's bias. k = V is the forward KL. check_ids=False skips the id range check, which
-    reads the ids back to the host: a CUDA graph cannot capture that wait (for ids straight from
-    teacher_topk, in range by construction)."""
+    truncation's bias. k = V is the forward KL."""
     if not temperature > 0:
         raise DistillInputError(f"temperature must be > 0, got {temperature}")
     s = _upcast(student_logits)
@@ -163,8 +160,7 @@ def topk_kl_loss(student_logits, top_values, top_idx, mask=None, temperature: fl
         raise DistillInputError(f"top-k values and ids must both be [{s.shape[0]}, k], "
                                 f"got {shapes}")  # fmt: skip
     v = s.shape[-1]
-    out_of_range = check_ids and not 0 <= top_idx.min() <= top_idx.max() < v
-    if top_idx.dtype.is_floating_point or out_of_range:
+    if top_idx.dtype.is_floating_point or not 0 <= top_idx.min() <= top_idx.max() < v:
         raise DistillInputError(f"top-k ids must be integer token ids in [0, {v})")
     mask = check_mask(mask, s)
     logq = (s / temperature).log_softmax(-1).gather(-1, top_idx.long())

@@ -24,6 +24,7 @@ from snippets.moe_distillation.experiment import (
     Budget,
     Sampler,
     Student,
+    captured_topk_kl,
     loss_fns,
     measure,
     median,
@@ -232,16 +233,17 @@ def test_topk_store_is_bf16_values_and_int32_ids_and_renormalization_needs_no_no
     assert shifted.item() == pytest.approx(L.topk_kl_loss(s, values.double(), idx).item(), 1e-13)
 
 
-def test_topk_loss_without_the_id_check_is_the_same_loss():
-    """check_ids=False (the experiment's captured step) drops only the range check, which
-    reads the ids back to the host; the loss and the dtype check are unchanged."""
+def test_captured_topk_loss_is_topk_kl_loss_bit_for_bit():
+    """The experiment's topk step (captured_topk_kl: no id check, which would read the GPU)
+    computes exactly losses.py's topk_kl_loss, value and gradient, in fp32 from bf16 values."""
     s, t = pair()
-    values, idx = L.teacher_topk(t, 4, F64)
-    checked = L.topk_kl_loss(s, values, idx, MASK, temperature=1.5)
-    unchecked = L.topk_kl_loss(s, values, idx, MASK, temperature=1.5, check_ids=False)
-    assert torch.equal(checked, unchecked)
-    with pytest.raises(L.DistillInputError, match="integer token ids"):
-        L.topk_kl_loss(s, values, idx.float(), check_ids=False)
+    for k, temp in ((4, 1.0), (13, 1.5)):
+        values, idx = L.teacher_topk(t.float(), k)  # bf16 values, int32 ids: the stored form
+        x, y = s.float().requires_grad_(), s.float().requires_grad_()
+        want = L.topk_kl_loss(x, values, idx, temperature=temp)
+        got = captured_topk_kl(y, values, idx, temp)
+        assert torch.equal(got, want)
+        assert torch.equal(torch.autograd.grad(got, y)[0], torch.autograd.grad(want, x)[0])
 
 
 def test_topk_loss_of_the_teacher_itself_is_minus_log_one_minus_tail():
