@@ -10,6 +10,7 @@ that holds it follows its total parameters.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 
@@ -57,9 +58,14 @@ def moe_counts(cfg: Qwen3MoeConfig) -> dict:
     """Total and active parameters of a Qwen3-MoE config (the shared model code counts them),
     and N: the active ones less the input embedding, a lookup (a tied head is the embedding,
     multiplied by every token: then nothing is subtracted)."""
-    c = count_parameters(cfg)
+    c = _counted(cfg)
     lookup = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
     return {"total": c["total"], "active": c["active"], "n_matmul": c["active"] - lookup}
+
+
+@functools.cache  # count_parameters builds the model on the meta device: once per config
+def _counted(cfg: Qwen3MoeConfig) -> dict:
+    return count_parameters(cfg)
 
 
 # Qwen/Qwen3-235B-A22B: Qwen3 report Table 2 (94 layers, 64 / 4 heads, 128 experts, 8 active)

@@ -22,6 +22,7 @@ post's functions), and the reverse KL to the teacher on continuations it samples
 from __future__ import annotations
 
 import copy
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
@@ -43,9 +44,9 @@ from snippets.common.train import (
 from snippets.cuda_graph.decode import StaticCache
 from snippets.cuda_graph.graphs import GraphedDecoder
 from snippets.moe_distillation.account import student_config
-from snippets.moe_distillation.losses import forward_kl_loss, teacher_topk, topk_kl_loss
+from snippets.moe_distillation.losses import forward_kl_loss, masked_mean, teacher_topk
 from snippets.moe_distillation.onpolicy import eager_step, on_policy_loss, sample_continuations
-from snippets.quality_metrics.divergence import forward_kl, top1_agreement
+from snippets.quality_metrics.divergence import forward_kl, kl, top1_agreement
 
 METHODS = ("ce", "fkl", "topk", "onpolicy")
 
@@ -74,13 +75,15 @@ class Budget:
             raise ValueError(f"topk, seeds, prompt_len and gen_len must be >= 1: {self}")
 
 
-# On one H200 (an estimate): the students' steps replay CUDA graphs as the shared trainer's
-# do (the draft-sized step ~4 ms, the MoE teacher's forward ~3 ms more for fkl and topk);
-# per seed ce 120 x 4 ms, fkl and topk 120 x ~8 ms, onpolicy (eager: sampling replays graphs
-# of its own) 30 x (63 decode steps of ~1 ms + ~40 ms of forward and backward), measuring
-# four students ~4 s: ~9 s, ~30 s for 3 seeds. Eager (a capture that fails) ~19 s a seed.
+# On one H200 (an estimate from the trained-models run: a graphed draft step 9.3 ms, an MoE
+# step 20.9 ms, so its forward ~7 ms): per seed ce 120 x 9.3 ms, fkl and topk 120 x ~17.5 ms
+# (student step, teacher forward, an fp32 KL over 8,176 x 8,192), onpolicy 30 x ~65 ms (eager:
+# 63 graphed decode steps, then forward and backward), ~0.3 s of warm-up and capture per
+# student, ~0.25 s to measure one: ~9.5 s a seed, ~19 s for 2. The run at d00b949 took 58 s:
+# 3 seeds, topk eager (its id check read the GPU, which a capture cannot), a teacher pass and
+# a decoder capture per measured student.
 GPU_BUDGET = Budget(steps=120, warmup_steps=12, topk=16, onpolicy_steps=30, prompt_len=32,
-                    gen_len=32, seeds=3, eval_prompts=64)  # fmt: skip
+                    gen_len=32, seeds=2, eval_prompts=64)  # fmt: skip
 CPU_BUDGET = Budget(steps=4, warmup_steps=1, topk=8, onpolicy_steps=2, prompt_len=16,
                     gen_len=16, seeds=2, eval_prompts=4, eval_tokens=1024)  # fmt: skip
 
@@ -140,6 +143,18 @@ class Student:
 
 
 # --8<-- [start:losses]
+def captured_topk_kl(student_logits, top_values, top_idx, temperature: float = 1.0):
+    """losses.py's topk_kl_loss over every position, the same operations less its checks: its
+    id range check reads the ids back to the host, a wait that a CUDA graph cannot capture (the
+    step would run eagerly, ~3x slower). The ids come from teacher_topk, in range by
+    construction; the tests hold this bit for bit equal to topk_kl_loss."""
+    s = student_logits.float()
+    every = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
+    logq = (s / temperature).log_softmax(-1).gather(-1, top_idx.long())
+    logp = (top_values.to(s.dtype) / temperature).log_softmax(-1).detach()
+    return temperature**2 * masked_mean(kl(logp, logq), every)
+
+
 def loss_fns(student, teacher, budget: Budget, decoder=None, generator=None) -> dict:
     """loss_fn(ids) of each method; the teacher runs without gradients."""
     temp = budget.temperature
@@ -157,7 +172,7 @@ def loss_fns(student, teacher, budget: Budget, decoder=None, generator=None) -> 
 
     def topk(ids):
         values, idx = teacher_topk(teacher_logits(ids), budget.topk)  # bf16 values, int32 ids
-        return topk_kl_loss(student(ids)[:, :-1].flatten(0, 1), values, idx, temperature=temp)
+        return captured_topk_kl(student(ids)[:, :-1].flatten(0, 1), values, idx, temp)
 
     def onpolicy(ids):
         prompts = ids.reshape(-1, budget.prompt_len)  # each row cut into prompts
@@ -189,40 +204,69 @@ def make_decoder(model, batch: int, max_len: int):
 
 # --8<-- [start:measure]
 @torch.no_grad()
+def teacher_logprobs(teacher, held: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+    """The teacher's fp32 log-probs at every held-out position, one tensor per batch of rows:
+    computed once, read by every student's measurement and by `teacher_tail`."""
+    out = []
+    for batch in held.split(batch_size):
+        with autocast(held.device):
+            out.append(teacher(batch.long())[:, :-1].float().log_softmax(-1))
+    return out
+
+
+class Sampler:
+    """The students' continuations for the reverse-KL metric: one decoder (on the GPU one
+    captured graph) over a model of the students' shape; each student's weights are copied
+    into it before it samples (the graph reads the weights in place)."""
+
+    def __init__(self, cfg: Qwen3Config, n_prompts: int, max_len: int, device,
+                 dtype=torch.float32):  # fmt: skip
+        with torch.device(device):
+            self.model = build_model(cfg).to(dtype)  # the students' weights are fp32
+        self.model.eval()
+        self.decoder = make_decoder(self.model, n_prompts, max_len)
+
+    def __call__(self, student, prompts, new_tokens: int, generator, temperature: float):
+        self.model.load_state_dict(student.state_dict())
+        return sample_continuations(self.decoder, prompts, new_tokens, generator, temperature)
+
+
+@torch.no_grad()
 def measure(student, teacher, held: torch.Tensor, prompts: torch.Tensor, budget: Budget,
-            batch_size: int, seed: int = 0) -> dict:  # fmt: skip
+            batch_size: int, seed: int = 0, teacher_logp=None, sampler=None) -> dict:  # fmt: skip
     """A trained student on the held-out rows: its next-token loss, forward KL to the teacher
     and top-1 agreement with it at every position; and the reverse KL to the teacher at the
-    positions of continuations it samples from held-out prompts (a fixed generator per seed)."""
+    positions of continuations it samples from held-out prompts (a fixed generator per seed).
+    teacher_logp and sampler are shared by all students (made here when not given)."""
     student.eval()
+    if teacher_logp is None:
+        teacher_logp = teacher_logprobs(teacher, held, batch_size)
+    if sampler is None:
+        sampler = Sampler(student.config, len(prompts), budget.prompt_len + budget.gen_len,
+                          held.device, next(student.parameters()).dtype)  # fmt: skip
     kl_sum = agree = n = 0.0
-    for batch in held.split(batch_size):
-        ids = batch.long()
+    for batch, t in zip(held.split(batch_size), teacher_logp, strict=True):
         with autocast(held.device):
-            s, t = student(ids)[:, :-1].float(), teacher(ids)[:, :-1].float()
+            s = student(batch.long())[:, :-1].float()
         positions = s.shape[0] * s.shape[1]
-        kl_sum += forward_kl(t.log_softmax(-1), s.log_softmax(-1)).double().sum().item()
+        kl_sum += forward_kl(t, s.log_softmax(-1)).double().sum().item()
         agree += top1_agreement(t, s) * positions
         n += positions
     gen = torch.Generator(held.device).manual_seed(seed)
-    decoder = make_decoder(student, len(prompts), budget.prompt_len + budget.gen_len)
-    sampled = sample_continuations(decoder, prompts, budget.gen_len, gen, budget.temperature)
+    sampled = sampler(student, prompts, budget.gen_len, gen, budget.temperature)
     with autocast(held.device):
         rkl = on_policy_loss(student, teacher, sampled, budget.prompt_len, beta=1.0)
     return {"heldout_loss": evaluate(student, held, batch_size), "kl_teacher": kl_sum / n,
             "top1": agree / n, "rkl_samples": rkl.item()}  # fmt: skip
 
 
-@torch.no_grad()
-def teacher_tail(teacher, held: torch.Tensor, k: int, batch_size: int) -> float:
+def teacher_tail(teacher_logp: list[torch.Tensor], k: int) -> float:
     """The teacher's mean probability outside its top-k on the held-out positions: the mass
     the top-k method drops before renormalizing."""
     total = n = 0.0
-    for batch in held.split(batch_size):
-        with autocast(held.device):
-            p = teacher(batch.long())[:, :-1].float().softmax(-1)
-        total += (1 - p.topk(k, dim=-1).values.sum(-1)).double().sum().item()
-        n += p.shape[0] * p.shape[1]
+    for t in teacher_logp:
+        total += (1 - t.topk(k, dim=-1).values.exp().sum(-1)).double().sum().item()
+        n += t.shape[0] * t.shape[1]
     return total / n
 
 
@@ -231,7 +275,7 @@ def teacher_tail(teacher, held: torch.Tensor, k: int, batch_size: int) -> float:
 
 # --8<-- [start:seed]
 def run_seed(teacher, teacher_train: TrainConfig, seqs, held, prompts, budget: Budget,
-             seed: int) -> list[dict]:  # fmt: skip
+             seed: int, teacher_logp, sampler: Sampler) -> list[dict]:  # fmt: skip
     """The four students of one seed: same initial weights, same batches. The on-policy
     student resumes the fkl student's state at step steps - onpolicy_steps."""
     tc = train_config(teacher_train, budget, seed)
@@ -257,7 +301,11 @@ def run_seed(teacher, teacher_train: TrainConfig, seqs, held, prompts, budget: B
                 if method == "fkl" and i == switch:
                     saved = st.state()
                 st.step(i)
-            row = measure(st.model, teacher, held, prompts, budget, tc.batch_size, seed)
+            if st.trainer.graph_error is not None:  # the run is valid, but ~3x slower
+                warnings.warn(f"{method}, seed {seed}: steps ran eagerly, the capture failed: "
+                              f"{st.trainer.graph_error}", stacklevel=1)  # fmt: skip
+            row = measure(st.model, teacher, held, prompts, budget, tc.batch_size, seed,
+                          teacher_logp, sampler)  # fmt: skip
             out.append({"method": method, "seed": seed, **row})
             del st, fns, decoder
     return out
@@ -291,15 +339,20 @@ def run_experiment(teacher, teacher_train: TrainConfig, budget: Budget, spec=Non
     after = rows(heldout_stream[n_held * seq_len :], budget.prompt_len)  # held out, after `held`
     prompts = after[: budget.eval_prompts].long().to(device)
     teacher = teacher.eval()
+    with deterministic():  # cuBLAS's workspace setting before its first matmul
+        teacher_logp = teacher_logprobs(teacher, held, batch)  # once for every student
+        sampler = Sampler(student_config(teacher.config), len(prompts),
+                          budget.prompt_len + budget.gen_len, device)  # fmt: skip
     runs = []
     for seed in range(teacher_train.seed, teacher_train.seed + budget.seeds):
-        runs += run_seed(teacher, teacher_train, seqs, held, prompts, budget, seed)
+        runs += run_seed(teacher, teacher_train, seqs, held, prompts, budget, seed,
+                         teacher_logp, sampler)  # fmt: skip
     keys = ("heldout_loss", "kl_teacher", "top1", "rkl_samples")
     methods = [{"method": m, **{k: median([r[k] for r in runs if r["method"] == m])
                                 for k in keys}} for m in METHODS]  # fmt: skip
     return {
         "teacher": {"heldout_loss": evaluate(teacher, held, batch),
-                    "tail_mass": teacher_tail(teacher, held, budget.topk, batch)},
+                    "tail_mass": teacher_tail(teacher_logp, budget.topk)},
         "runs": runs, "methods": methods,
     }  # fmt: skip
 

@@ -22,11 +22,15 @@ from snippets.moe_distillation.experiment import (
     CPU_BUDGET,
     METHODS,
     Budget,
+    Sampler,
     Student,
+    captured_topk_kl,
     loss_fns,
     measure,
     median,
     run_experiment,
+    teacher_logprobs,
+    teacher_tail,
 )
 from snippets.moe_distillation.onpolicy import (
     eager_step,
@@ -227,6 +231,19 @@ def test_topk_store_is_bf16_values_and_int32_ids_and_renormalization_needs_no_no
     assert (idx.long() == t.topk(4, dim=-1).indices).all()
     shifted = L.topk_kl_loss(s, values.double() + 7.0, idx)  # any per-row constant cancels
     assert shifted.item() == pytest.approx(L.topk_kl_loss(s, values.double(), idx).item(), 1e-13)
+
+
+def test_captured_topk_loss_is_topk_kl_loss_bit_for_bit():
+    """The experiment's topk step (captured_topk_kl: no id check, which would read the GPU)
+    computes exactly losses.py's topk_kl_loss, value and gradient, in fp32 from bf16 values."""
+    s, t = pair()
+    for k, temp in ((4, 1.0), (13, 1.5)):
+        values, idx = L.teacher_topk(t.float(), k)  # bf16 values, int32 ids: the stored form
+        x, y = s.float().requires_grad_(), s.float().requires_grad_()
+        want = L.topk_kl_loss(x, values, idx, temperature=temp)
+        got = captured_topk_kl(y, values, idx, temp)
+        assert torch.equal(got, want)
+        assert torch.equal(torch.autograd.grad(got, y)[0], torch.autograd.grad(want, x)[0])
 
 
 def test_topk_loss_of_the_teacher_itself_is_minus_log_one_minus_tail():
@@ -476,6 +493,37 @@ def test_measure_of_the_teacher_against_itself():
                     gen_len=4, seeds=1, eval_prompts=3)  # fmt: skip
     got = measure(model, model, held, prompts, budget, batch_size=2)
     assert got["kl_teacher"] == 0 and got["top1"] == 1 and abs(got["rkl_samples"]) < 1e-12
+
+
+def test_measure_with_the_shared_teacher_pass_and_sampler():
+    """run_experiment computes the teacher's log-probs once and samples every student through
+    one decoder: each student measures as it does alone, in any order (the sampler follows the
+    weights copied into it, not the first student's)."""
+    teacher, a, b = tiny_dense(0), tiny_dense(1), tiny_dense(2)
+    held = torch.randint(0, 50, (5, 16), generator=torch.Generator().manual_seed(4))
+    prompts = torch.randint(0, 50, (3, 4), generator=torch.Generator().manual_seed(5))
+    budget = Budget(steps=2, warmup_steps=0, topk=4, onpolicy_steps=1, prompt_len=4,
+                    gen_len=4, seeds=1, eval_prompts=3)  # fmt: skip
+    alone = {m: measure(m, teacher, held, prompts, budget, 2, seed=7) for m in (a, b)}
+    logp = teacher_logprobs(teacher, held, 2)
+    sampler = Sampler(a.config, len(prompts), 8, held.device, torch.float64)
+    for m in (b, a):
+        assert measure(m, teacher, held, prompts, budget, 2, 7, logp, sampler) == alone[m]
+    assert alone[a] != alone[b]
+    # at a low temperature the samples follow the weights: the sampler's are each student's own
+    drawn = {}
+    for m in (b, a):
+        own = sample_continuations(
+            eager_step(m, 3, 8), prompts, 4, torch.Generator().manual_seed(3), 0.1
+        )
+        drawn[m] = sampler(m, prompts, 4, torch.Generator().manual_seed(3), 0.1)
+        assert torch.equal(drawn[m], own)
+    assert not torch.equal(drawn[a], drawn[b])
+    # the tail from the shared fp32 log-probs against softmax of the same fp32 logits: exp of
+    # a log_softmax and a softmax differ by a few fp32 ulps (1.2e-7) per probability
+    probs = teacher(held)[:, :-1].float().softmax(-1)
+    want = (1 - probs.topk(4, dim=-1).values.sum(-1)).double().mean().item()
+    assert teacher_tail(logp, 4) == pytest.approx(want, abs=1e-6)
 
 
 def test_median_over_seeds():
