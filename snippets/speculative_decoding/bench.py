@@ -37,9 +37,10 @@ class Sizes:
     prompt: int = 128  # tokens of held-out text before generation starts
     stats_batch: int = 64  # rows of the runs that count acceptance
     stats_rounds: int = 48
-    gammas: tuple[int, ...] = (1, 2, 3, 4, 5)
+    gammas: tuple[int, ...] = (1, 3, 5)  # the page reads 3 (speedups) and 5 (positions)
     sampled_gamma: int = 3  # temperature 1 is measured at this gamma
     batches: tuple[int, ...] = (1, 16, 64, 256)  # the batch sweep, at batch_gamma
+    sampled_batches: tuple[int, ...] = (1, 256)  # temperature 1 at the sweep's two ends
     batch_gamma: int = 3
     compare: int = 48  # greedy tokens compared with target-only decoding
     agreement_rows: int = 32  # held-out rows of training.seq_len for the heads' agreement
@@ -76,10 +77,13 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
         return e
 
     # target-only decoding: the step time, the pass over n tokens, and greedy text to compare
-    step = {m: round_time(engine(None, 1, 0, m == "greedy", short_len), timer)
-            for m in ("greedy", "sampled")}  # fmt: skip
+    # (one greedy engine serves both: timing replays commit nothing)
     e1 = engine(None, 1, 0, True, short_len)
-    verify = [{"n": n, "ms": verify_time(e1, n, timer)} for n in range(1, g_max + 2)]
+    step = {"greedy": round_time(e1, timer),
+            "sampled": round_time(engine(None, 1, 0, False, short_len), timer)}  # fmt: skip
+    # a plain step (n = 1) and the pass that verifies each measured gamma (n = gamma + 1)
+    verify = [{"n": n, "ms": verify_time(e1, n, timer)}
+              for n in sorted({1, *(g + 1 for g in sizes.gammas)})]  # fmt: skip
     for row in verify:
         row["of_step"] = row["ms"] / verify[0]["ms"]
     weights = sum(t.numel() * t.element_size() for t in target.weights())
@@ -88,6 +92,7 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
     run(plain, sizes.compare)
 
     runs, positions, rows, match = [], [], [], []
+    rounds_1 = {}  # batch-1 round times: (drafter, mode, gamma) -> Stat, reused by the sweep
 
     def record(name, mode, stats):
         runs.append({"drafter": name, "mode": mode} | _acceptance_fields(stats))
@@ -109,6 +114,7 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
                     match.append({"drafter": name, "gamma": gamma, "fraction": same})
                 timing = engine(name, 1, gamma, greedy, short_len)
                 t_round, t_propose = round_time(timing, timer), propose_time(timing, timer)
+                rounds_1[name, mode, gamma] = t_round
                 row = speedup_row(stats, t_round, step[mode], t_propose)
                 record(name, mode, stats)
                 rows.append({"drafter": name, "mode": mode} | row)
@@ -119,23 +125,35 @@ def measure(target_model, draft_model, train_stream, heldout, sizes: Sizes, time
                 stats = acceptance(e, sizes.stats_rounds)
                 record(f"eagle3-ttt{steps}", "greedy", stats)
 
-    # the batch sweep at batch_gamma, greedy and (batch_gamma == sampled_gamma) sampled; the
-    # tokens per round come from the acceptance runs above (they do not depend on the batch)
+    # the batch sweep at batch_gamma, greedy and (batch_gamma == sampled_gamma) sampled at
+    # sampled_batches; the tokens per round come from the acceptance runs above (they do not
+    # depend on the batch). Batch 1 was timed above with the same engines: its step, its pass
+    # over batch_gamma + 1 tokens and its rounds are those timings, not new ones.
     per_round = {(r["drafter"], r["mode"]): r["tokens_per_round"] for r in runs
                  if r["gamma"] == sizes.batch_gamma}  # fmt: skip
-    modes = ("greedy", "sampled") if sizes.batch_gamma == sizes.sampled_gamma else ("greedy",)
-    batch_rows = []
+    batch_rows, g = [], sizes.batch_gamma
     for b in sizes.batches:
-        t_verify = verify_time(engine(None, b, 0, True, short_len), sizes.batch_gamma + 1, timer)
+        sampled = g == sizes.sampled_gamma and b in sizes.sampled_batches
+        modes = ("greedy", "sampled") if sampled else ("greedy",)
+        if b == 1 and g in sizes.gammas:  # timed above, by engines of the same settings
+            t_verify = next(row["ms"] for row in verify if row["n"] == g + 1)
+            t_step = step
+            t_round = {(name, mode): rounds_1[name, mode, g] for name in kinds for mode in modes}
+        else:
+            plain_b = engine(None, b, 0, True, short_len)  # greedy: its step and the pass
+            t_verify = verify_time(plain_b, g + 1, timer)
+            t_step = {mode: round_time(plain_b if mode == "greedy" else
+                                       engine(None, b, 0, False, short_len), timer)
+                      for mode in modes}  # fmt: skip
+            t_round = {(name, mode): round_time(engine(name, b, g, mode == "greedy", short_len),
+                                                timer)
+                       for mode in modes for name in kinds}  # fmt: skip
         for mode in modes:
-            greedy = mode == "greedy"
-            t_step = round_time(engine(None, b, 0, greedy, short_len), timer)
             for name in kinds:
-                t_round = round_time(engine(name, b, sizes.batch_gamma, greedy, short_len), timer)
                 batch_rows.append({
-                    "drafter": name, "mode": mode, "batch": b, "step_ms": t_step,
-                    "round_ms": t_round, "verify_of_step": t_verify / t_step,
-                    "speedup": per_round[name, mode] * t_step / t_round,
+                    "drafter": name, "mode": mode, "batch": b, "step_ms": t_step[mode],
+                    "round_ms": t_round[name, mode], "verify_of_step": t_verify / t_step[mode],
+                    "speedup": per_round[name, mode] * t_step[mode] / t_round[name, mode],
                 })  # fmt: skip
 
     held = heldout[: sizes.agreement_rows * sizes.training.seq_len]

@@ -628,20 +628,45 @@ def test_the_gpu_benchmark_runs_on_the_cpu():
         torch.randint(0, V, (4000,), generator=gen),
         torch.randint(0, V, (4000,), generator=gen),
     )
-    sizes = Sizes(prompt=10, stats_batch=3, stats_rounds=3, gammas=(1, 2), sampled_gamma=2,
-                  batches=(1, 2), batch_gamma=2, compare=3, agreement_rows=4, agreement_batch=2,
+    sizes = Sizes(prompt=10, stats_batch=3, stats_rounds=3, gammas=(1, 3), sampled_gamma=3,
+                  batches=(1, 2, 3), sampled_batches=(1, 3), batch_gamma=3, compare=3,
+                  agreement_rows=4, agreement_batch=2,
                   training=HeadTraining(steps=2, batch_size=2, seq_len=16, warmup_steps=1),
                   dtype=torch.float32)  # fmt: skip
+    timings = []
+
+    def counted(fn):
+        timings.append(fn)
+        return stand_in(fn)
+
     records = measure(tiny(TARGET, 1, dtype=torch.float32), tiny(DRAFT, 2, dtype=torch.float32),
-                      train, held, sizes, stand_in, 1e9)  # fmt: skip
+                      train, held, sizes, counted, 1e9)  # fmt: skip
     assert set(records) == {"verify", "acceptance", "speedup", "batch", "eagle"}
-    assert [r["n"] for r in records["verify"]["rows"]] == [1, 2, 3]
+    assert [r["n"] for r in records["verify"]["rows"]] == [1, 2, 4]  # 1 and gamma + 1
     runs = records["acceptance"]["runs"]
     drafters = {(r["drafter"], r["mode"], r["gamma"]) for r in runs}
-    assert ("eagle3", "sampled", 2) in drafters and ("eagle3-ttt1", "greedy", 1) in drafters
+    assert ("eagle3", "sampled", 3) in drafters and ("eagle3-ttt1", "greedy", 1) in drafters
     assert all("bound" in r for r in runs if r["mode"] == "sampled")
     assert len(records["speedup"]["rows"]) == 3 * 3 and len(records["speedup"]["match"]) == 3
-    assert len(records["batch"]["rows"]) == 2 * 2 * 3  # batches x modes x drafters
+    # batches x modes x drafters: temperature 1 only at sampled_batches
+    batch = records["batch"]["rows"]
+    assert [(r["batch"], r["mode"]) for r in batch[::3]] == [
+        (1, "greedy"),
+        (1, "sampled"),
+        (2, "greedy"),
+        (3, "greedy"),
+        (3, "sampled"),
+    ]
+    # batch 1 is not timed again: its rows hold the batch-1 timings themselves
+    speed = {(r["drafter"], r["mode"]): r for r in records["speedup"]["rows"] if r["gamma"] == 3}
+    step, verify = records["verify"]["step_ms"], records["verify"]["rows"]
+    for r in batch[:6]:
+        assert r["round_ms"] is speed[r["drafter"], r["mode"]]["round_ms"]
+        assert r["step_ms"] is step[r["mode"]]
+    # every timing, once: the target's two steps, its passes over n = 1..3 tokens, a round and
+    # a draft per drafter x (gamma, mode), then batches 2 (greedy) and 3 (both modes): a pass,
+    # a step per mode and a round per drafter and mode
+    assert len(verify) == 3 and len(timings) == 2 + 3 + 3 * 3 * 2 + (1 + 1 + 3) + (1 + 2 + 6)
     assert [a["step"] for a in records["eagle"]["agreement"]] == [1, 2, 3, 4, 5] * 2
 
 
