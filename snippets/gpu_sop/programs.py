@@ -267,7 +267,8 @@ def in_fresh_process(name: str, folder, sz: Sizes) -> subprocess.Popen:
     env[ALLOC_ENV[1]] = f"expandable_segments:{name == 'fragment_fixed'}"
     cmd = [sys.executable, "-m", "snippets.gpu_sop.fresh", name, str(folder),
            str(sz.grow_mib), str(sz.grows)]  # fmt: skip
-    return subprocess.Popen(cmd, env=env)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen(cmd, env=env, cwd=root)  # the repository root: `snippets` imports
 
 
 def fresh_result(proc: subprocess.Popen, name: str, folder) -> dict:

@@ -297,7 +297,7 @@ def test_no_allocator_setting_is_changed_at_run_time():
 def test_each_side_of_the_fragment_pair_starts_with_its_setting(monkeypatch, tmp_path):
     started = []
     monkeypatch.setattr(programs_module.subprocess, "Popen",
-                        lambda cmd, env: started.append((cmd, env)))  # fmt: skip
+                        lambda cmd, env, cwd: started.append((cmd, env)))  # fmt: skip
     monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
     for name in sorted(FRESH):
         in_fresh_process(name, tmp_path, CPU_SIZES)
