@@ -237,8 +237,10 @@ def growing(sz: Sizes, device: torch.device, expandable: bool) -> Program:
     process's, fixed before CUDA starts: each side runs in a fresh process (in_fresh_process),
     never switched inside a live one."""
     if expandable != expandable_setting():
-        raise RuntimeError(f"growing(expandable={expandable}) in a process started with "
-                           f"expandable_segments:{not expandable}: use in_fresh_process()")
+        raise RuntimeError(
+            f"growing(expandable={expandable}) in a process started with "
+            f"expandable_segments:{not expandable}: use in_fresh_process()"
+        )
 
     def run(steps: int = 1):
         for i in range(1, sz.grows + 1):
