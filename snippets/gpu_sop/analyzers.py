@@ -195,6 +195,41 @@ def named(shares: dict[str, float]) -> list[str]:
 # --8<-- [end:all]
 
 
+def missing_fields(windows: dict[str, Window], decode_d: int) -> list[str]:
+    """What the analyzers rely on and a real GPU trace lacks, per program window (an empty list:
+    all there). bench_gpu.py checks its own trace with it, so a renamed Kineto field fails the
+    run with its name, rather than as an off-diagonal confusion matrix."""
+    out = []
+    trace = next(iter(windows.values())).trace
+    if not trace.sms or not all(n > 0 for n in trace.sms.values()):
+        out.append("no numSms in deviceProperties")
+    if gpu_of(windows["batch"]) is None:
+        out.append(f"GPU {sorted(trace.device_names.values())} not in data/hardware.yaml")
+    small = windows["small"]
+    grids = [k.args.get("grid") for k in small.gpu if k.cat == "kernel"]
+    if not grids or None in grids:
+        out.append("small: kernels without a grid")
+    elif min(x * y * z for x, y, z in grids) >= min(trace.sms.values() or [0]):
+        out.append("small: no kernel with fewer blocks than SMs")
+    if not all(k.args.get("correlation") in small.calls for k in small.gpu):
+        out.append("small: graph kernels not linked to their cudaGraphLaunch")
+    copies = {a.name for a in windows["pageable"].gpu if a.cat == "gpu_memcpy"}
+    if "Memcpy HtoD (Pageable -> Device)" not in copies:
+        out.append(f"pageable: no 'Memcpy HtoD (Pageable -> Device)' among {sorted(copies)}")
+    if not windows["sync"].blocking:
+        out.append("sync: no synchronizing call")
+    if not windows["data"].layers[0][1]:
+        out.append("data: no DataLoader.__next__ range")
+    if not windows["recompile"].layers[1][1]:
+        out.append("recompile: no Dynamo compile range")
+    if not windows["fragment"].memory:
+        out.append("fragment: no [memory] events")
+    ops = [o for o in windows["batch"].host if o.name in MATMULS]
+    if not ops or matmul_shape(ops[0])[1:4] != (1, decode_d, decode_d):
+        out.append(f"batch: no matmul of shape 1 x {decode_d} x {decode_d}")
+    return out
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: python -m snippets.gpu_sop.analyzers TRACE.json [RANGE ... | --each]",

@@ -126,8 +126,11 @@ def run(fault: str) -> str:
     procs = [ctx.Process(target=train, args=(r, port, str(folder), fault)) for r in range(WORLD)]
     for p in procs:
         p.start()
+    # the slowest rank, the straggler, is done after 1.5 T asleep + T for its own timed-out
+    # collective; 5 T leaves 2.5 T (5 s) for starting gloo and exiting
+    deadline = time.monotonic() + 5 * TIMEOUT_S
     for p in procs:
-        p.join(timeout=30)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.kill()
     return analyze(read_ledgers(folder))

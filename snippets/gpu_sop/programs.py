@@ -7,6 +7,10 @@ CUDA (the training loops, the launches, the recompiles, the decode) are built.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,21 +214,70 @@ def recompiles(sz: Sizes, device: torch.device, dynamic: bool, backend: str = "a
 
 
 # --8<-- [start:fragment]
+ALLOC_ENV = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")  # the new name, the old one
+
+
+def expandable_setting(env=os.environ) -> bool:
+    """expandable_segments as this process's allocator reads it at CUDA initialisation."""
+    found = {}
+    for var in ALLOC_ENV:
+        for item in filter(None, env.get(var, "").split(",")):
+            key, _, value = item.partition(":")
+            if key.strip() == "expandable_segments":
+                found[var] = value.strip() == "True"
+    if len(set(found.values())) > 1:
+        raise ValueError(f"{ALLOC_ENV[0]} and {ALLOC_ENV[1]} disagree on expandable_segments")
+    return next(iter(found.values()), False)
+
+
 def growing(sz: Sizes, device: torch.device, expandable: bool) -> Program:
     """Buffers that grow each step (a batch or KV cache whose size creeps up), each freed before
     the next. Without expandable segments no cached block fits the larger request, so every
-    buffer gets a new segment; the fix maps more pages into one segment."""
+    buffer gets a new segment; the fix maps more pages into one segment. The setting is the
+    process's, fixed before CUDA starts: each side runs in a fresh process (in_fresh_process),
+    never switched inside a live one."""
+    if expandable != expandable_setting():
+        raise RuntimeError(
+            f"growing(expandable={expandable}) in a process started with "
+            f"expandable_segments:{not expandable}: use in_fresh_process()"
+        )
 
     def run(steps: int = 1):
-        torch.cuda.memory._set_allocator_settings(f"expandable_segments:{expandable}")
-        try:
-            for i in range(1, sz.grows + 1):
-                buf = torch.empty(i * sz.grow_mib * MIB, dtype=torch.uint8, device=device)
-                del buf
-        finally:
-            torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+        for i in range(1, sz.grows + 1):
+            buf = torch.empty(i * sz.grow_mib * MIB, dtype=torch.uint8, device=device)
+            del buf
 
     return run
+
+
+def peak_growth(run) -> tuple[int, int]:
+    """Peak reserved and allocated bytes of one growth, beyond what was there before."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base_r, base_a = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
+    run(1)
+    out = (torch.cuda.max_memory_reserved() - base_r, torch.cuda.max_memory_allocated() - base_a)
+    torch.cuda.empty_cache()
+    return out
+
+
+def in_fresh_process(name: str, folder, sz: Sizes) -> subprocess.Popen:
+    """Start `python -m snippets.gpu_sop.fresh` for "fragment" or "fragment_fixed", with the
+    allocator setting in the environment before torch starts; it writes <folder>/<name>.json
+    (its peak bytes and the path of its trace)."""
+    env = {k: v for k, v in os.environ.items() if k not in ALLOC_ENV}
+    env[ALLOC_ENV[1]] = f"expandable_segments:{name == 'fragment_fixed'}"
+    cmd = [sys.executable, "-m", "snippets.gpu_sop.fresh", name, str(folder),
+           str(sz.grow_mib), str(sz.grows)]  # fmt: skip
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen(cmd, env=env, cwd=root)  # the repository root: `snippets` imports
+
+
+def fresh_result(proc: subprocess.Popen, name: str, folder) -> dict:
+    if proc.wait(timeout=120):
+        raise RuntimeError(f"{' '.join(proc.args)}: exit status {proc.returncode}")
+    with open(os.path.join(folder, f"{name}.json"), encoding="utf-8") as f:
+        return json.load(f)
 
 
 # --8<-- [end:fragment]
@@ -260,11 +313,15 @@ CPU_OK = {"healthy", "sync", "data", "data_fixed", "launch", "recompile", "recom
           "batch", "batch_fixed"}  # fmt: skip
 
 
+FRESH = {"fragment", "fragment_fixed"}  # each in its own process: in_fresh_process()
+
+
 def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None) -> dict:
-    """name -> run(steps). `only`: the names to build (default: all that `device` can run)."""
+    """name -> run(steps). `only`: the names to build (default: all that `device` can run in
+    this process; the fragment pair runs in fresh processes)."""
     device = torch.device(device)
     cuda = device.type == "cuda"
-    want = set(only or (FIX.keys() | FIX.values() if cuda else CPU_OK))
+    want = set(only or ((FIX.keys() | FIX.values()) - FRESH if cuda else CPU_OK))
     tok = {
         "healthy": (sz.prep_s, 0, False),
         "sync": (sz.prep_s, 0, True),
@@ -300,12 +357,17 @@ def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None
     return out
 
 
-def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8):
+def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8,
+           cuda: bool | None = None):  # fmt: skip
     """Run each program inside record_function("sop:<name>") in one torch.profiler session
-    (CUDA activity too where there is a GPU) and export the Chrome trace to `path`."""
-    cuda = torch.cuda.is_available()
+    (CUDA activity too where there is a GPU, unless cuda=False) and export the Chrome trace."""
+    cuda = torch.cuda.is_available() if cuda is None else cuda
     acts = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
     if cuda:
+        # CUPTI torn down at a session's end and started again under live CUDA graphs crashed
+        # (torch/profiler/profiler.py's FIXME; torch sets this itself only for Inductor's
+        # graphs): keep it up for the life of the process
+        os.environ.setdefault("TEARDOWN_CUPTI", "0")
         torch.cuda.synchronize()
     with profile(activities=acts, record_shapes=True, profile_memory=True) as prof:
         for name, run in progs.items():

@@ -1,19 +1,35 @@
 """Unit tests for snippets/gpu_sop/: the collective-hang analysis on hand-made ledgers (each
-fault, and the healthy case), bad ledgers, and the live gloo runs the page prints; the leaves'
-analyzers on simulated GPU traces (every analyzer on every program), on hand-built edge cases
-and on bad traces. The real CPU traces of the data stall and the recompile storm are recorded
-and diagnosed by the page itself (section 2.5, its printed output is checked)."""
+fault, and the healthy case) and bad ledgers (the live gloo runs are hang.py's demo, whose
+prints the page checks: run once, at import); the leaves' analyzers on simulated GPU traces
+(every analyzer on every program), on hand-built edge cases and on bad traces; the trace-field
+check bench_gpu.py runs on its own trace; the fragmentation pair's fresh processes (no allocator
+setting changed in a live process). The real CPU traces of the data stall and the recompile
+storm are recorded and diagnosed by the page itself (section 2.5, its printed output is
+checked)."""
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from snippets.common.hardware import load_hardware
 from snippets.gpu_sop import analyzers as az
-from snippets.gpu_sop.hang import analyze, read_ledgers, run
-from snippets.gpu_sop.programs import CPU_OK, CPU_SIZES, FIX, programs, record
+from snippets.gpu_sop import programs as programs_module
+from snippets.gpu_sop.fresh import main as fresh_main
+from snippets.gpu_sop.hang import analyze, read_ledgers
+from snippets.gpu_sop.programs import (
+    ALLOC_ENV,
+    CPU_OK,
+    CPU_SIZES,
+    FIX,
+    FRESH,
+    expandable_setting,
+    growing,
+    in_fresh_process,
+    programs,
+)
 from snippets.gpu_sop.synthetic import MIB, SIMULATED, Sim, simulated_trace
 from snippets.gpu_sop.trace import Trace, TraceError
 
@@ -59,15 +75,6 @@ def test_bad_ledgers(tmp_path):
     (tmp_path / "rank0.jsonl").write_text(json.dumps(started(0)) + "\n{oops\n")
     with pytest.raises(ValueError, match=r"rank0.jsonl:2: not a JSON ledger line"):
         read_ledgers(tmp_path)
-
-
-@pytest.mark.parametrize("fault,want", [
-    ("none", "no hang"),
-    ("straggler", "collective #2 all_reduce: ranks [0, 1] waited; ranks [2] never entered"),
-    ("shape", "collective #2: ranks disagree"),
-])  # fmt: skip
-def test_live_gloo_runs(fault, want):
-    assert run(fault).startswith(want)
 
 
 # --------------------------------------------------------------------------- the leaves
@@ -235,26 +242,67 @@ def test_cpu_programs_run_on_the_cpu():
     assert progs["batch_fixed"].forward().shape == (CPU_SIZES.big_batch, CPU_SIZES.decode_d)
 
 
-@pytest.mark.gpu
-def test_a_real_gpu_trace_has_the_fields_the_analyzers_read(tmp_path):
-    """Every program at small sizes on the GPU, traced: the fields and names trace.py relies on
-    are there (a clear failure here, rather than an off-diagonal matrix in the benchmark)."""
-    progs = programs(CPU_SIZES, "cuda")
-    for program in progs.values():
-        program(1)
-    trace = Trace.load(record(progs, tmp_path / "gpu.json", default_steps=2))
-    assert trace.sms and all(n > 0 for n in trace.sms.values())
-    assert az.gpu_of(trace.window("sop:batch")) is not None, trace.device_names
-    small = trace.window("sop:small")
-    grids = [k.args["grid"] for k in small.gpu if k.cat == "kernel"]
-    assert grids and min(x * y * z for x, y, z in grids) < min(trace.sms.values())
-    assert all(k.args["correlation"] in small.calls for k in small.gpu), "graph kernels unlinked"
-    copies = {a.name for a in trace.window("sop:pageable").gpu if a.cat == "gpu_memcpy"}
-    assert "Memcpy HtoD (Pageable -> Device)" in copies, copies
-    assert trace.window("sop:sync").blocking, "no synchronizing call in the sync program"
-    assert trace.window("sop:data").layers[0][1], "no DataLoader.__next__ range"
-    assert trace.window("sop:recompile").layers[1][1], "no Dynamo compile range"
-    assert trace.window("sop:fragment").memory, "no CUDA [memory] events"
-    batch = trace.window("sop:batch")
-    ops = [o for o in batch.host if o.name in az.MATMULS]
-    assert ops and az.matmul_shape(ops[0])[1:4] == (1, CPU_SIZES.decode_d, CPU_SIZES.decode_d)
+def test_missing_fields_on_the_simulated_trace(simulated):
+    """The check bench_gpu.py runs on its real trace: nothing missing on a trace that has the
+    fields; a renamed copy, a lost grid, a wrong decode shape each named."""
+    windows = {name: simulated.window(f"sop:{name}") for name in SIMULATED}
+    assert az.missing_fields(windows, 8192) == []
+    assert az.missing_fields(windows, 4096) == ["batch: no matmul of shape 1 x 4096 x 4096"]
+    raw = simulated_trace()
+    for e in raw["traceEvents"]:
+        if e.get("cat") == "kernel":
+            e["args"].pop("grid", None)
+        if e.get("cat") == "gpu_memcpy":
+            e["name"] = e["name"].replace("Pageable", "Paged")
+    broken = Trace.load(raw, source="broken")
+    windows = {name: broken.window(f"sop:{name}") for name in SIMULATED}
+    assert az.missing_fields(windows, 8192) == [
+        "small: kernels without a grid",
+        "pageable: no 'Memcpy HtoD (Pageable -> Device)' among ['Memcpy HtoD (Paged -> Device)', "
+        "'Memcpy HtoD (Pinned -> Device)']",
+    ]
+
+
+def test_expandable_setting_is_read_from_the_environment():
+    assert expandable_setting({}) is False
+    assert expandable_setting({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64,"
+                               "expandable_segments:True"}) is True  # fmt: skip
+    assert expandable_setting({"PYTORCH_ALLOC_CONF": "expandable_segments:False"}) is False
+    with pytest.raises(ValueError, match="disagree"):
+        expandable_setting({"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})  # fmt: skip
+
+
+def test_the_growth_refuses_a_process_started_with_the_other_setting(monkeypatch):
+    """Switching expandable_segments inside a live process is what crashed the first GPU run's
+    neighbourhood; the program checks the setting it was started with instead."""
+    for var in ALLOC_ENV:
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(RuntimeError, match="in_fresh_process"):
+        growing(CPU_SIZES, torch.device("cpu"), expandable=True)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    assert callable(growing(CPU_SIZES, torch.device("cpu"), expandable=True))
+
+
+def test_no_allocator_setting_is_changed_at_run_time():
+    """No snippet of this post calls the allocator-settings setters (only the environment of a
+    fresh process carries the setting)."""
+    package = Path(programs_module.__file__).parent
+    for path in package.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        for setter in ("_set_allocator_settings", "setAllocatorSettings"):
+            assert setter not in text, f"{path.name} calls {setter}"
+
+
+def test_each_side_of_the_fragment_pair_starts_with_its_setting(monkeypatch, tmp_path):
+    started = []
+    monkeypatch.setattr(programs_module.subprocess, "Popen",
+                        lambda cmd, env, cwd: started.append((cmd, env)))  # fmt: skip
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    for name in sorted(FRESH):
+        in_fresh_process(name, tmp_path, CPU_SIZES)
+    (cmd0, env0), (_, env1) = started
+    assert cmd0[1:4] == ["-m", "snippets.gpu_sop.fresh", "fragment"]
+    assert expandable_setting(env0) is False and expandable_setting(env1) is True
+    assert "PYTORCH_ALLOC_CONF" not in env0
+    assert fresh_main(["nope"]) == 2
