@@ -12,12 +12,18 @@ for the post, the rest unchanged (head training, the acceptance runs, loading, p
 
 import torch
 
-from snippets.common.bench import ceilings, graph_ms
+import snippets.speculative_decoding.bench as B
+from snippets.common.bench import _traced, ceilings, graph_ms
 from snippets.common.corpus import token_streams
 from snippets.common.models.trained_configs import load_trained_models
 from snippets.common.results import write_result
 from snippets.common.train import trained
 from snippets.speculative_decoding.bench import Sizes, measure
+
+# where the seconds outside graph_ms go (gpu_docs prints the trace per call site)
+B.train_heads, B.acceptance, B.agreement = (_traced(f) for f in (B.train_heads, B.acceptance,
+                                                                  B.agreement))  # fmt: skip
+token_streams, trained = _traced(token_streams), _traced(trained)
 
 # --8<-- [start:run]
 torch.manual_seed(0)  # the draws of sampled decoding
