@@ -17,6 +17,7 @@ held-out tokens.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from statistics import median
 
 import torch
 from torch import nn
@@ -169,8 +170,8 @@ def curves(runs: list[dict], every: int) -> list[dict]:
         if not mine:
             continue
         for step in range(0, len(mine[0]), every):
-            vals = sorted(m[step] for m in mine)
-            out.append({"method": method, "step": step, "max_over_mean": vals[len(vals) // 2]})
+            out.append({"method": method, "step": step,
+                        "max_over_mean": median(m[step] for m in mine)})  # fmt: skip
     return out
 
 

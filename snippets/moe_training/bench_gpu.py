@@ -3,12 +3,13 @@ loop of matmuls, torch._grouped_mm and one dense GEMM of the same FLOPs, balance
 forward and backward; FP8 against bf16; the load-balancing experiment on the shared MoE's shape;
 the shared trained MoE's expert load. Writes results/moe-training/{grouped-gemm,fp8,balance}.json.
 
-Budget: 60 s from a cold start. The run of 7c78ee7 took 69.2 s (pytest 67 s) without the
-trained-models post before it (so the shared MoE was trained here, ~6 s): this file 47.2 s, of
-which one kernel_ms_each session 19.3 s (settling 9.2, warm-up and autotuning 4.5, profiler
-4.0; one callable timed again, 2.5 s), 12 graphed balancing runs and the shared MoE ~24 s; the
-tests at tiny shapes ~12 s, of which ~8 s autotuned configs that tiny shapes do not need (now
-one config below N or K 512). Estimate after trained-models: ~55 s.
+Budget: 60 s from a cold start. The run of 45fbab4 took 72.2 s: this file 48.4 s, of which
+one kernel_ms_each session 22 s (settling 6.6, profiler ~3.8, warm-up and autotuning 5.8) and
+one callable timed again 3.1 s, 12 graphed balancing runs and the shared MoE's load ~20 s;
+the EP demo's 4 gloo processes 6.5 s; tests and the other fences ~17 s. Since then: 8 balancing
+runs (2 seeds, -6.4 s), the dense GEMM once (it has no groups) and FP8 at one skew (4 callables
+fewer, ~-1.6 s), 100 ms settling after the first callable (-2 s). Estimate ~59 s without a
+re-timing, ~62 s with one.
 """
 
 import torch
@@ -42,20 +43,20 @@ missing = grouped_mm_available("cuda")
 
 def gpu_times(fns):  # the kernels' own time (CUPTI); each callable's repeats back to back,
     # after settling: the first 2 s (an idle GPU's clocks drop only after a second of matmuls),
-    # the others 200 ms and until three 50 ms chunks agree
-    settle = [2000.0] + [200.0] * (len(fns) - 1)
+    # the others 100 ms and until three 50 ms chunks agree
+    settle = [2000.0] + [100.0] * (len(fns) - 1)
     return kernel_ms_each(fns, target_ms=10.0, warmup=2, interleave=False, settle_ms=settle)
 
 
 g_fns, g_finish = grouped_jobs(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", torch.bfloat16,
                                skip=("torch_grouped_mm",) if missing else ())  # fmt: skip
-f_fns, f_finish = fp8_jobs(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda")
+f_fns, f_finish = fp8_jobs({"balanced": 0.0}, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda")
 stats = gpu_times(g_fns + f_fns)  # one profiler session: the GPU settles once
 gemm, fp8 = g_finish(stats[: len(g_fns)]), f_finish(stats[len(g_fns) :])
 # --8<-- [end:gemm]
 
 # --8<-- [start:balance]
-BAL_STEPS, SEEDS, EVAL_TOKENS = 60, (0, 1, 2), 32768
+BAL_STEPS, SEEDS, EVAL_TOKENS = 60, (0, 1), 32768  # 2 seeds: 8 runs of the post's 60 s
 spec = load_trained_models()
 runs = [run(method, seed, BAL_STEPS, spec, EVAL_TOKENS) for method in METHODS for seed in SEEDS]
 shared = trained("moe", spec=spec)  # trained and cached by the trained-models post

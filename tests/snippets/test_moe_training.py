@@ -647,10 +647,16 @@ def _stub_times(fns):
 def test_benchmark_code_runs_at_tiny_shapes():
     rows = measure_grouped({"balanced": 0.0, "zipf-1": 1.0}, 64, 4, 32, 32, DEVICE,
                            torch.float32, _stub_times, skip=("torch_grouped_mm",))  # fmt: skip
-    assert len(rows) == 2 * 2 * (len(IMPLS) - 1)
+    # ours and loop at each skew and pass; the dense GEMM (no groups) at the first skew only
+    assert len(rows) == 2 * 2 * (len(IMPLS) - 2) + 2
+    assert {r["skew"] for r in rows if r["impl"] == "dense"} == {"balanced"}
     assert {r["pass"] for r in rows} == {"forward", "backward"}
     r = ratios(rows)
     assert len(r) == 4 and all("of_dense" in x and "of_loop" in x for x in r)
+    at = {(x["skew"], x["pass"], x["impl"]): x["tflops"] for x in rows}
+    for x in r:  # every skew's ratio to the one dense measurement
+        want = at[x["skew"], x["pass"], "ours"] / at["balanced", x["pass"], "dense"]
+        assert x["of_dense"].median == want.median
     base = torch.bfloat16 if ON_GPU else torch.float32
     fp8 = measure_fp8({"balanced": 0.0}, 32, 2, 128, 128, DEVICE, _stub_times, base=base)
     errs = {x["format"]: x["rel_error"] for x in fp8}
