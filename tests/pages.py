@@ -261,7 +261,8 @@ class PageParser:
 
     @staticmethod
     def _admit(fence: Fence) -> None:
-        """Fail a fence under a malformed marker; skip one marked skip (or gpu, without CUDA)."""
+        """Fail a fence under a malformed marker; skip one marked skip (gpu without CUDA, cpu
+        with it)."""
         __tracebackhide__ = True
         if fence.problem:
             pytest.fail(fence.problem, pytrace=False)
@@ -269,6 +270,8 @@ class PageParser:
             pytest.skip(f"{fence.where}: {fence.skip}")
         if fence.gpu and not _cuda():
             pytest.skip(f"{fence.where}: needs CUDA: {fence.gpu}")
+        if fence.cpu and _cuda():
+            pytest.skip(f"{fence.where}: CPU only, the CPU suite runs it: {fence.cpu}")
 
     def evaluate_shell(self, example) -> None:
         __tracebackhide__ = True

@@ -114,6 +114,28 @@ def test_structure_faults_name_file_and_line(site):
     assert f"docs/page.md:{n_fence + 1}: fence language 'pycon'" in errors["fence_errors"]
 
 
+def test_cpu_and_gpu_markers_are_read_and_applied(tmp_path, monkeypatch):
+    from snippets.common import markup
+    from tests import pages
+
+    page = tmp_path / "p.md"
+    text = "<!-- cpu: gloo demo -->\n```python\nx = 1\n```\n\n"
+    text += "<!-- gpu: needs CUDA -->\n```python\ny = 2\n```\n"
+    page.write_text(text, encoding="utf-8")
+    cpu, gpu = markup.scan(page)
+    assert (cpu.cpu, cpu.gpu, gpu.cpu, gpu.gpu) == ("gloo demo", None, None, "needs CUDA")
+    for cuda, ran in ((False, [cpu]), (True, [gpu])):
+        monkeypatch.setattr(pages, "_cuda", lambda cuda=cuda: cuda)
+        done = []
+        for fence in (cpu, gpu):
+            try:
+                pages.PageParser._admit(fence)
+                done.append(fence)
+            except pytest.skip.Exception:
+                pass
+        assert done == ran
+
+
 def test_skip_needs_a_reason(site):
     add_page(site, "bare.md", "# B\n\n<!-- skip: -->\n```python\nx = 1\n```\n")
     errors = structure.fence_errors(site)

@@ -9,7 +9,8 @@ A page is docs/posts/<slug>.md. Its fences are
   ```calculator NAME         a form in the page, a YAML spec (snippets/common/calculator.py);
   ```text, ```yaml, ...      shown only (NOT_RUN).
 The line above a fence may say why it is skipped: `<!-- skip: reason -->` always,
-`<!-- gpu: reason -->` without CUDA. Outside fences and code spans:
+`<!-- gpu: reason -->` without CUDA, `<!-- cpu: reason -->` with CUDA (CPU-only work that the
+CPU suite runs; gpu_docs spends its budget on the GPU). Outside fences and code spans:
   {{ NAME:path }} / {{ NAME:path:.1f }}   a number from results/<slug>/NAME.json;
   <!-- claim: EXPR -->                    a claim about results, asserted (claims.py).
 """
@@ -38,8 +39,8 @@ SLUG = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
 _OPEN = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*(?P<info>[^`\n]*)$")
 _INCLUDE = re.compile(r'^--8<--\s+"(?P<target>[^"]+)"\s*$')
-_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu)\s*:(?P<reason>.*?)-->\s*$")
-_BARE_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu)\s*-->\s*$")
+_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu|cpu)\s*:(?P<reason>.*?)-->\s*$")
+_BARE_MARK = re.compile(r"^\s*<!--\s*(?P<kind>skip|gpu|cpu)\s*-->\s*$")
 SECTION = "--8<-- [{}:{}]"
 CLAIM = re.compile(r"<!--\s*claim:(?P<expr>.*?)-->", re.S)
 # NAME:path[:format]; NAME may be slug/name for another post's result
@@ -86,6 +87,7 @@ class Fence:
     index: int = 0  # ordinal among the page's fences
     skip: str | None = None  # reason, always skipped
     gpu: str | None = None  # reason, skipped without CUDA
+    cpu: str | None = None  # reason, skipped with CUDA (the CPU suite runs it)
     problem: str | None = None  # a malformed marker above it: the fence fails with this
 
     @property
