@@ -275,7 +275,50 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
                          "y": {"field": yf, "type": "quantitative"}},
         })  # fmt: skip
     zero_axes(spec.get("encoding") or {}, data)
+    legend_toggle(spec.get("encoding") or {}, layers)
     return {**spec, "data": {"values": data}, "layer": layers}
+
+
+LEGEND_CHANNELS = ("color", "shape", "strokeDash")  # the channels whose legend lists series
+TOGGLE = "series"  # the name of the legend-bound selection (one per plot: each is its own view)
+DIMMED = 0.1  # the opacity of a series not selected: its shape stays, faintly, for context
+
+
+def legend_toggle(top: dict, layers: list[dict]) -> None:
+    """Clicking a legend entry shows that series alone (shift-click adds one, a click elsewhere
+    shows all again): a point selection on the first nominal legend field, bound to the legend,
+    and every layer drawing that field gets its opacity from it. Layers with data of their own
+    (a roofline) and layers without the field (a reference rule) stay as they are."""
+
+    def legend_field(encoding: dict) -> str | None:
+        for channel in LEGEND_CHANNELS:
+            ch = encoding.get(channel)
+            if isinstance(ch, dict) and ch.get("type") == "nominal" and "field" in ch:
+                return ch["field"]
+        return None
+
+    def fields(encoding: dict) -> set:
+        return {ch.get("field") for name, ch in encoding.items()
+                if name in LEGEND_CHANNELS and isinstance(ch, dict)}  # fmt: skip
+
+    drawing = [layer for layer in layers if "data" not in layer and layer.get("mark")]
+    field = legend_field(top) or next(
+        (f for layer in drawing if (f := legend_field(layer.get("encoding") or {}))), None
+    )
+    if field is None:
+        return
+    opacity = {"condition": {"param": TOGGLE, "value": 1}, "value": DIMMED}
+    host = None
+    for layer in drawing:
+        encoding = layer.setdefault("encoding", {})
+        if field not in fields({**top, **encoding}) or "opacity" in {**top, **encoding}:
+            continue
+        encoding["opacity"] = opacity
+        host = host or layer
+    if host is not None:
+        host.setdefault("params", []).append(
+            {"name": TOGGLE, "select": {"type": "point", "fields": [field]}, "bind": "legend"}
+        )
 
 
 # --------------------------------------------------------------------------- the plot as text

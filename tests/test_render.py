@@ -200,3 +200,31 @@ def test_a_post_awaiting_a_gpu_run_shows_placeholders_and_a_banner(hook, tmp_pat
     broken = body.replace("< 2 -->", "< -->")
     with pytest.raises(Exception, match=r"docs/posts/demo.md:\d+: claim .* is not an expression"):
         hook.on_page_markdown(broken, fake_page("posts/demo.md"), None, None)
+
+
+def test_a_nominal_legend_toggles_its_series(hook, results):
+    """One legend-bound selection on the color field; every layer drawing it (the generated
+    error bars too) takes its opacity from it; a reference rule without the field does not."""
+    d = directive("plot", "rows: rows\nencoding:\n  color: {field: impl, type: nominal}\n"
+                          "layer:\n  - mark: point\n    encoding:\n"
+                          "      x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "      y: {field: ms, type: quantitative}\n"
+                          "  - mark: rule\n    data: {values: [{y: 1}]}\n"
+                          "    encoding: {y: {field: y, type: quantitative}}\n")  # fmt: skip
+    layers = hook.vega_spec("demo", d, results)["layer"]
+    points, bars, rule = layers
+    assert points["params"] == [{"name": "series", "select": {"type": "point", "fields": ["impl"]},
+                                 "bind": "legend"}]  # fmt: skip
+    assert bars["mark"]["type"] == "errorbar" and "params" not in bars
+    for layer in (points, bars):
+        assert layer["encoding"]["opacity"]["condition"] == {"param": "series", "value": 1}
+    assert "opacity" not in rule["encoding"] and "params" not in rule
+
+
+def test_a_plot_without_a_nominal_legend_gets_no_toggle(hook, results):
+    d = directive("plot", "rows: rows\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "  y: {field: ms, type: quantitative}\n"
+                          "  color: {field: x, type: quantitative}\n")  # fmt: skip
+    spec = json.dumps(hook.vega_spec("demo", d, results))
+    assert '"params"' not in spec and '"opacity"' not in spec
