@@ -555,7 +555,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 if "no such result" in str(exc)
                 else ""
             )
-            raise PluginError(f"{where}:{d.line + shift}: {exc}{hint}") from None
+            raise PluginError(f"{where}:{d.line + shift + exc.offset}: {exc}{hint}") from None
         out += [markdown[last : d.start], text]
         last = d.end
     markdown = "".join([*out, markdown[last:]])

@@ -228,3 +228,17 @@ def test_a_plot_without_a_nominal_legend_gets_no_toggle(hook, results):
                           "  color: {field: x, type: quantitative}\n")  # fmt: skip
     spec = json.dumps(hook.vega_spec("demo", d, results))
     assert '"params"' not in spec and '"opacity"' not in spec
+
+
+def test_the_build_names_the_line_of_an_axis_that_should_be_log(hook, results, monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    monkeypatch.setattr(hook.cl, "Results", lambda **kw: results)
+    body = ("# D\n\n```plot r\nrows: rows\nmark: point\nencoding:\n"
+            "  y: {field: ms, type: quantitative}\n"
+            "  x: {field: x, type: quantitative}\n```\n")  # fmt: skip
+    with pytest.raises(PluginError, match=r"docs/posts/demo.md:8: axis x \(x\) spans 1..300, 300x"):
+        hook.on_page_markdown(body, fake_page("posts/demo.md"), None, None)
+    fixed = body.replace("x, type: quantitative}", "x, type: quantitative, scale: {type: log}}")
+    page = fake_page("posts/demo.md")
+    assert 'class="result-plot"' in hook.on_page_markdown(fixed, page, None, None)
