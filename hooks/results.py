@@ -209,13 +209,54 @@ def _flat(rows: list[dict], mapping: dict) -> list[dict]:
     return out
 
 
+TOOLTIP_CHANNELS = ("x", "y", "color", "shape", "strokeDash", "size", "text", "detail")
+TOOLTIP_FORMAT = ",.4~r"  # four significant digits, no exponent: 4096, 48.46, 0.00196
+
+
+def tooltip(spec: dict, layer: dict, data: list[dict]) -> list[dict] | None:
+    """The hover tooltip of a layer: each field it (or the top level) encodes, with the title
+    the axis or legend shows, and a timing's range after its median. None where a channel
+    aggregates, bins or has a time unit (a tooltip field would change the grouping) or the
+    layer encodes no field, or the page wrote a tooltip channel itself."""
+    encoding = {**(spec.get("encoding") or {}), **(layer.get("encoding") or {})}
+    if "tooltip" in encoding:
+        return None
+    keys = {k for r in data for k in r}
+    out, seen = [], set()
+    for channel in TOOLTIP_CHANNELS:
+        ch = encoding.get(channel)
+        if not isinstance(ch, dict):
+            continue
+        if any(k in ch for k in ("aggregate", "bin", "timeUnit")):
+            return None
+        field = ch.get("field")
+        if not isinstance(field, str) or field in seen:
+            continue
+        seen.add(field)
+        kind = ch.get("type", "nominal")
+        title = str(ch.get("title") or field)
+        entry = {"field": field, "type": kind, "title": title}
+        if kind == "quantitative":
+            entry["format"] = TOOLTIP_FORMAT
+        out.append(entry)
+        if kind == "quantitative" and f"{field}_lo" in keys:
+            for end, word in (("lo", "下端"), ("hi", "上端")):
+                name = f"{title}（范围{word}）"
+                out.append({"field": f"{field}_{end}", "type": "quantitative", "title": name,
+                            "format": TOOLTIP_FORMAT})  # fmt: skip
+    return out or None
+
+
 def zero_axes(encoding: dict, rows: list[dict]) -> None:
     """Quantitative x/y axes of non-negative data start at zero unless log-scaled (Vega-Lite
-    leaves point and line axes free to start anywhere)."""
+    leaves point and line axes free to start anywhere). A log-scaled one is not stacked:
+    Vega-Lite stacks bars and areas from zero, which puts 0 in a log domain and draws nothing."""
     for channel in ("x", "y"):
         ch = encoding.get(channel)
         if not isinstance(ch, dict) or ch.get("type") != "quantitative" or "field" not in ch:
             continue
+        if isinstance(ch.get("scale"), dict) and ch["scale"].get("type") == "log":
+            ch.setdefault("stack", None)
         values = [r.get(ch["field"]) for r in rows]
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         scale = dict(ch.get("scale") or {})
@@ -241,7 +282,11 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         mark = layer.get("mark")
         if mark is not None:
             mark = {"type": mark} if isinstance(mark, str) else dict(mark)
-            mark.setdefault("tooltip", {"content": "data"})
+            shown = None if "tooltip" in mark or "data" in layer else tooltip(spec, layer, data)
+            if shown:  # the encoded fields, titled as on the axes and legend
+                layer["encoding"] = {**(layer.get("encoding") or {}), "tooltip": shown}
+            else:  # a mark the page gave a tooltip, or one whose fields the hook cannot list
+                mark.setdefault("tooltip", {"content": "data"})
             if mark["type"] == "line":
                 mark.setdefault("point", True)
             layer["mark"] = mark
@@ -253,7 +298,7 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         rows = own.get("values", data) if isinstance(own, dict) else data
         timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
         if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
-            bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
+            bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail", "tooltip")}
             bar["y"] = {**y, "field": f"{y['field']}_lo"}
             bar["y2"] = {"field": f"{y['field']}_hi"}
             extra = {k: v for k, v in layer.items() if k in ("transform", "data")}

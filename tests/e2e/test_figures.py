@@ -1,7 +1,11 @@
 """Interactive result plots: a plot with a legend of series toggles them from the legend
-(hooks/results.py legend_toggle), on every page that has one."""
+(hooks/results.py legend_toggle), and every plot shows its values on hover, on every page."""
 
 from __future__ import annotations
+
+import json
+import re
+from html import unescape
 
 import pytest
 
@@ -10,6 +14,8 @@ from tests.e2e import checks
 pytestmark = pytest.mark.browser
 
 LEGEND = (checks.JS / "legend.js").read_text(encoding="utf-8")
+HOVER = (checks.JS / "hover.js").read_text(encoding="utf-8")
+SPEC = re.compile(r'class="result-plot"[^>]*data-spec="([^"]*)"')
 
 
 def legend_pages(site_dir) -> list[str]:
@@ -71,4 +77,52 @@ def test_clicking_a_legend_entry_shows_that_series_alone(visitor, site_dir):
         finally:
             page.close()
     assert tried, f"no plot on {pages} drew a legend of two or more entries"
+    assert not problems, "\n" + "\n".join(problems)
+
+
+def y_names(spec: dict) -> set[str]:
+    """The titles and fields of a plot's y encodings (what its tooltip must name): the axis
+    title, or the title a tooltip the page wrote gives the field."""
+    encodings = [part.get("encoding") or {} for part in [spec, *spec.get("layer", [])]]
+    out = set()
+    for enc in encodings:
+        y = enc.get("y")
+        if isinstance(y, dict) and "field" in y:
+            out |= {y["field"], str(y.get("title") or y["field"])}
+    for enc in encodings:
+        tips = enc.get("tooltip") if isinstance(enc.get("tooltip"), list) else []
+        out |= {str(t["title"]) for t in tips if t.get("field") in out and "title" in t}
+    return out
+
+
+def test_every_plot_shows_its_values_on_hover(visitor, site_dir):
+    """Hovering the data marks of each plot shows vega-embed's tooltip, naming the plotted
+    value (hooks/results.py gives each layer the fields it encodes, by their titles)."""
+    plots = {}
+    for path in checks.built_pages(site_dir):
+        html = (site_dir / path / "index.html").read_text(encoding="utf-8")
+        specs = [json.loads(unescape(m)) for m in SPEC.findall(html)]
+        if specs:
+            plots[path] = specs
+    assert plots, "no built page has a plot"
+    problems = []
+    for path, specs in plots.items():
+        page, guard = visitor.open(path)
+        try:
+            for index, spec in enumerate(specs):
+                keys = None
+                for x, y in page.evaluate(HOVER, {"index": index, "step": "marks"}):
+                    page.mouse.move(x, y)
+                    page.wait_for_timeout(100)
+                    keys = page.evaluate(HOVER, {"index": index, "step": "tooltip"})
+                    if keys:
+                        break
+                where = f"{checks.page_id(path)} plot {index + 1}"
+                if not keys:
+                    problems.append(f"{where}: no tooltip on hovering its marks")
+                elif not y_names(spec) & set(keys):
+                    problems.append(f"{where}: tooltip {keys} names none of {y_names(spec)}")
+            problems += [f"{checks.page_id(path)}: {p}" for p in guard.console_problems()]
+        finally:
+            page.close()
     assert not problems, "\n" + "\n".join(problems)
