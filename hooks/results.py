@@ -209,42 +209,20 @@ def _flat(rows: list[dict], mapping: dict) -> list[dict]:
     return out
 
 
-TOOLTIP_CHANNELS = ("x", "y", "color", "shape", "strokeDash", "size", "text", "detail")
-TOOLTIP_FORMAT = ",.4~r"  # four significant digits, no exponent: 4096, 48.46, 0.00196
+def range_tooltip(encoding: dict) -> list[dict]:
+    """The hover tooltip of an error bar (y..y2): its x and series, then both ends titled with
+    the y axis's title (Vega-Lite's own error-bar tooltip names the raw _lo/_hi fields)."""
 
+    def field(ch: dict, title: str | None = None) -> dict:
+        return {"field": ch["field"], "type": ch.get("type", "quantitative"),
+                "title": title or str(ch.get("title") or ch["field"])}  # fmt: skip
 
-def tooltip(spec: dict, layer: dict, data: list[dict]) -> list[dict] | None:
-    """The hover tooltip of a layer: each field it (or the top level) encodes, with the title
-    the axis or legend shows, and a timing's range after its median. None where a channel
-    aggregates, bins or has a time unit (a tooltip field would change the grouping) or the
-    layer encodes no field, or the page wrote a tooltip channel itself."""
-    encoding = {**(spec.get("encoding") or {}), **(layer.get("encoding") or {})}
-    if "tooltip" in encoding:
-        return None
-    keys = {k for r in data for k in r}
-    out, seen = [], set()
-    for channel in TOOLTIP_CHANNELS:
-        ch = encoding.get(channel)
-        if not isinstance(ch, dict):
-            continue
-        if any(k in ch for k in ("aggregate", "bin", "timeUnit")):
-            return None
-        field = ch.get("field")
-        if not isinstance(field, str) or field in seen:
-            continue
-        seen.add(field)
-        kind = ch.get("type", "nominal")
-        title = str(ch.get("title") or field)
-        entry = {"field": field, "type": kind, "title": title}
-        if kind == "quantitative":
-            entry["format"] = TOOLTIP_FORMAT
-        out.append(entry)
-        if kind == "quantitative" and f"{field}_lo" in keys:
-            for end, word in (("lo", "下端"), ("hi", "上端")):
-                name = f"{title}（范围{word}）"
-                out.append({"field": f"{field}_{end}", "type": "quantitative", "title": name,
-                            "format": TOOLTIP_FORMAT})  # fmt: skip
-    return out or None
+    shown = [field(encoding[k]) for k in ("x", "color")
+             if isinstance(encoding.get(k), dict) and "field" in encoding[k]]  # fmt: skip
+    y = encoding["y"]
+    title = str(y.get("title") or y["field"])
+    return [*shown, field(y, f"{title}（范围下端）"),
+            field({**encoding["y2"], "type": "quantitative"}, f"{title}（范围上端）")]  # fmt: skip
 
 
 def zero_axes(encoding: dict, rows: list[dict]) -> None:
@@ -282,11 +260,16 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         mark = layer.get("mark")
         if mark is not None:
             mark = {"type": mark} if isinstance(mark, str) else dict(mark)
-            shown = None if "tooltip" in mark or "data" in layer else tooltip(spec, layer, data)
-            if shown:  # the encoded fields, titled as on the axes and legend
-                layer["encoding"] = {**(layer.get("encoding") or {}), "tooltip": shown}
-            else:  # a mark the page gave a tooltip, or one whose fields the hook cannot list
-                mark.setdefault("tooltip", {"content": "data"})
+            # hover: the encoded fields by their axis and legend titles (Vega-Lite's "encoding"
+            # content; loader.js sets the number format); an error bar: its range, titled
+            merged = {**(spec.get("encoding") or {}), **(layer.get("encoding") or {})}
+            ranged = mark["type"] in ("errorbar", "errorband") and "tooltip" not in mark
+            ends = [merged.get(k) for k in ("y", "y2")]
+            ranged = ranged and all(isinstance(e, dict) and "field" in e for e in ends)
+            if ranged and "tooltip" not in merged:
+                layer["encoding"] = {**layer.get("encoding", {}), "tooltip": range_tooltip(merged)}
+            else:
+                mark.setdefault("tooltip", True)
             if mark["type"] == "line":
                 mark.setdefault("point", True)
             layer["mark"] = mark
@@ -298,10 +281,11 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         rows = own.get("values", data) if isinstance(own, dict) else data
         timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
         if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
-            bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail", "tooltip")}
-            bar["y"] = {**y, "field": f"{y['field']}_lo"}
+            bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
+            bar["y"] = {**y, "field": f"{y['field']}_lo", "title": y.get("title") or y["field"]}
             bar["y2"] = {"field": f"{y['field']}_hi"}
             extra = {k: v for k, v in layer.items() if k in ("transform", "data")}
+            bar["tooltip"] = range_tooltip({**(spec.get("encoding") or {}), **bar})
             layers.append({**extra, "mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
     roof = d.spec.get("roof")
     if roof:

@@ -94,16 +94,10 @@ def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
     assert rows[0] == {"impl": "本文", "x": 1.0, "ms": 1.0, "ms_lo": 0.99, "ms_hi": 1.01}
     roof, points, bars = spec["layer"]
     assert roof["data"]["values"][1] == {"x": 700.0 / 4.25, "ms": 700.0}  # the ridge
-    assert points["mark"]["type"] == "point" and "tooltip" not in points["mark"]
-    fmt = hook.TOOLTIP_FORMAT  # hover: the encoded fields by their titles, a timing's range
-    assert points["encoding"]["tooltip"] == [
-        {"field": "x", "type": "quantitative", "title": "x", "format": fmt},
-        {"field": "ms", "type": "quantitative", "title": "ms", "format": fmt},
-        {"field": "ms_lo", "type": "quantitative", "title": "ms（范围下端）", "format": fmt},
-        {"field": "ms_hi", "type": "quantitative", "title": "ms（范围上端）", "format": fmt},
-        {"field": "impl", "type": "nominal", "title": "impl"},
-    ]
-    assert bars["mark"]["type"] == "errorbar"
+    assert points["mark"] == {"type": "point", "tooltip": True}  # the encoded fields, titled
+    assert bars["mark"] == {"type": "errorbar", "ticks": True}
+    assert [t["title"] for t in bars["encoding"]["tooltip"]] == ["x", "impl", "ms（范围下端）",
+                                                                 "ms（范围上端）"]  # fmt: skip
     assert bars["encoding"]["y"]["field"] == "ms_lo" and bars["encoding"]["y2"]["field"] == "ms_hi"
     html = hook.plot("demo", d, results, fake_page("posts/demo.md"))
     assert "<script" not in html  # instant navigation would run it as JavaScript
@@ -250,19 +244,6 @@ def test_the_build_names_the_line_of_an_axis_that_should_be_log(hook, results, m
     fixed = body.replace("x, type: quantitative}", "x, type: quantitative, scale: {type: log}}")
     page = fake_page("posts/demo.md")
     assert 'class="result-plot"' in hook.on_page_markdown(fixed, page, None, None)
-
-
-def test_a_layer_that_aggregates_keeps_the_data_tooltip(hook, results):
-    """A tooltip field would become a group-by of an aggregate: such a layer, and a rule that
-    encodes no field, show the record instead."""
-    d = directive("plot", "rows: rows\nlayer:\n  - mark: bar\n    encoding:\n"
-                          "      x: {field: impl, type: nominal}\n"
-                          "      y: {field: ms, aggregate: mean, type: quantitative}\n"
-                          "  - mark: rule\n    encoding: {y: {datum: 1}}\n")  # fmt: skip
-    bars, _, rule = hook.vega_spec("demo", d, results)["layer"]
-    for layer in (bars, rule):
-        assert layer["mark"]["tooltip"] == {"content": "data"}
-        assert "tooltip" not in layer["encoding"]
 
 
 def test_a_log_axis_is_not_stacked(hook, results):

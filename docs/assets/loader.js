@@ -77,7 +77,8 @@
           renderer: "svg",
           actions: false,
           theme: dark ? "dark" : undefined,
-          config: { background: null, font: "inherit" },
+          // tooltips: four significant digits, no exponent (4096, 48.46, 0.00196)
+          config: { background: null, font: "inherit", tooltipFormat: { numberFormat: ",.4~r" } },
         }))
         .then(() => { box.dataset.rendered = "1"; delete box.dataset.error; }, failed(box, target));
     }
