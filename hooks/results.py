@@ -209,13 +209,32 @@ def _flat(rows: list[dict], mapping: dict) -> list[dict]:
     return out
 
 
+def range_tooltip(encoding: dict) -> list[dict]:
+    """The hover tooltip of an error bar (y..y2): its x and series, then both ends titled with
+    the y axis's title (Vega-Lite's own error-bar tooltip names the raw _lo/_hi fields)."""
+
+    def field(ch: dict, title: str | None = None) -> dict:
+        return {"field": ch["field"], "type": ch.get("type", "quantitative"),
+                "title": title or str(ch.get("title") or ch["field"])}  # fmt: skip
+
+    shown = [field(encoding[k]) for k in ("x", "color")
+             if isinstance(encoding.get(k), dict) and "field" in encoding[k]]  # fmt: skip
+    y = encoding["y"]
+    title = str(y.get("title") or y["field"])
+    return [*shown, field(y, f"{title}（范围下端）"),
+            field({**encoding["y2"], "type": "quantitative"}, f"{title}（范围上端）")]  # fmt: skip
+
+
 def zero_axes(encoding: dict, rows: list[dict]) -> None:
     """Quantitative x/y axes of non-negative data start at zero unless log-scaled (Vega-Lite
-    leaves point and line axes free to start anywhere)."""
+    leaves point and line axes free to start anywhere). A log-scaled one is not stacked:
+    Vega-Lite stacks bars and areas from zero, which puts 0 in a log domain and draws nothing."""
     for channel in ("x", "y"):
         ch = encoding.get(channel)
         if not isinstance(ch, dict) or ch.get("type") != "quantitative" or "field" not in ch:
             continue
+        if isinstance(ch.get("scale"), dict) and ch["scale"].get("type") == "log":
+            ch.setdefault("stack", None)
         values = [r.get(ch["field"]) for r in rows]
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
         scale = dict(ch.get("scale") or {})
@@ -241,7 +260,16 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         mark = layer.get("mark")
         if mark is not None:
             mark = {"type": mark} if isinstance(mark, str) else dict(mark)
-            mark.setdefault("tooltip", {"content": "data"})
+            # hover: the encoded fields by their axis and legend titles (Vega-Lite's "encoding"
+            # content; loader.js sets the number format); an error bar: its range, titled
+            merged = {**(spec.get("encoding") or {}), **(layer.get("encoding") or {})}
+            ranged = mark["type"] in ("errorbar", "errorband") and "tooltip" not in mark
+            ends = [merged.get(k) for k in ("y", "y2")]
+            ranged = ranged and all(isinstance(e, dict) and "field" in e for e in ends)
+            if ranged and "tooltip" not in merged:
+                layer["encoding"] = {**layer.get("encoding", {}), "tooltip": range_tooltip(merged)}
+            else:
+                mark.setdefault("tooltip", True)
             if mark["type"] == "line":
                 mark.setdefault("point", True)
             layer["mark"] = mark
@@ -254,9 +282,10 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         timed = isinstance(y, dict) and any(f"{y.get('field')}_lo" in r for r in rows)
         if timed and mark and mark["type"] not in ("errorbar", "errorband", "rule", "text"):
             bar = {k: v for k, v in encoding.items() if k in ("x", "color", "detail")}
-            bar["y"] = {**y, "field": f"{y['field']}_lo"}
+            bar["y"] = {**y, "field": f"{y['field']}_lo", "title": y.get("title") or y["field"]}
             bar["y2"] = {"field": f"{y['field']}_hi"}
             extra = {k: v for k, v in layer.items() if k in ("transform", "data")}
+            bar["tooltip"] = range_tooltip({**(spec.get("encoding") or {}), **bar})
             layers.append({**extra, "mark": {"type": "errorbar", "ticks": True}, "encoding": bar})
     roof = d.spec.get("roof")
     if roof:
@@ -275,7 +304,50 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
                          "y": {"field": yf, "type": "quantitative"}},
         })  # fmt: skip
     zero_axes(spec.get("encoding") or {}, data)
+    legend_toggle(spec.get("encoding") or {}, layers)
     return {**spec, "data": {"values": data}, "layer": layers}
+
+
+LEGEND_CHANNELS = ("color", "shape", "strokeDash")  # the channels whose legend lists series
+TOGGLE = "series"  # the name of the legend-bound selection (one per plot: each is its own view)
+DIMMED = 0.1  # the opacity of a series not selected: its shape stays, faintly, for context
+
+
+def legend_toggle(top: dict, layers: list[dict]) -> None:
+    """Clicking a legend entry shows that series alone (shift-click adds one, a click elsewhere
+    shows all again): a point selection on the first nominal legend field, bound to the legend,
+    and every layer drawing that field gets its opacity from it. Layers with data of their own
+    (a roofline) and layers without the field (a reference rule) stay as they are."""
+
+    def legend_field(encoding: dict) -> str | None:
+        for channel in LEGEND_CHANNELS:
+            ch = encoding.get(channel)
+            if isinstance(ch, dict) and ch.get("type") == "nominal" and "field" in ch:
+                return ch["field"]
+        return None
+
+    def fields(encoding: dict) -> set:
+        return {ch.get("field") for name, ch in encoding.items()
+                if name in LEGEND_CHANNELS and isinstance(ch, dict)}  # fmt: skip
+
+    drawing = [layer for layer in layers if "data" not in layer and layer.get("mark")]
+    field = legend_field(top) or next(
+        (f for layer in drawing if (f := legend_field(layer.get("encoding") or {}))), None
+    )
+    if field is None:
+        return
+    opacity = {"condition": {"param": TOGGLE, "value": 1}, "value": DIMMED}
+    host = None
+    for layer in drawing:
+        encoding = layer.setdefault("encoding", {})
+        if field not in fields({**top, **encoding}) or "opacity" in {**top, **encoding}:
+            continue
+        encoding["opacity"] = opacity
+        host = host or layer
+    if host is not None:
+        host.setdefault("params", []).append(
+            {"name": TOGGLE, "select": {"type": "point", "fields": [field]}, "bind": "legend"}
+        )
 
 
 # --------------------------------------------------------------------------- the plot as text
@@ -512,7 +584,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
                 if "no such result" in str(exc)
                 else ""
             )
-            raise PluginError(f"{where}:{d.line + shift}: {exc}{hint}") from None
+            raise PluginError(f"{where}:{d.line + shift + exc.offset}: {exc}{hint}") from None
         out += [markdown[last : d.start], text]
         last = d.end
     markdown = "".join([*out, markdown[last:]])

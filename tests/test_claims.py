@@ -1,5 +1,7 @@
 """Claims and references (snippets/common/claims.py): selectors, interval judgement, errors."""
 
+from pathlib import Path
+
 import pytest
 
 from snippets.common import claims as cl
@@ -138,3 +140,60 @@ def test_max_of_several_lists_and_numbers_in_code_spans(tmp_path, results):
     page.write_text("# D\n\n表里写 `{{ r:copy_tb_s }}`。\n", encoding="utf-8")
     (error,) = cl.page_errors(page, results, "docs/posts/demo.md")
     assert error.startswith("docs/posts/demo.md:3: {{ r:copy_tb_s }} is inside a code span")
+
+
+# --------------------------------------------------------------------------- log-scale rule
+
+SPANS = {"rows": [{"n": n, "ms": timing(n / 10, n / 11, n / 9), "small": 1.0, "big": float(n),
+                   "signed": n - 5.0} for n in (1, 10, 100, 1000)]}  # fmt: skip
+
+
+@pytest.fixture
+def spans(tmp_path):
+    record = {"kind": "measured", "values": SPANS}
+    return cl.Results(base=tmp_path, loaded={("demo", "s"): record})
+
+
+def plot_page(tmp_path, encoding: str, extra: str = "") -> Path:
+    page = tmp_path / "demo.md"
+    page.write_text(f"# D\n\n```plot s\nrows: rows\nmark: point\n{extra}encoding:\n{encoding}```\n",
+                    encoding="utf-8")  # fmt: skip
+    return page
+
+
+def test_an_axis_spanning_decades_must_be_log_scaled(tmp_path, spans):
+    """A planted linear axis over three decades is an error at the page line of its channel;
+    log-scaled (or under LOG_SPAN, or not all positive) it passes."""
+    x = "  x: {field: small, type: quantitative}\n"
+    page = plot_page(tmp_path, x + "  y: {field: ms, type: quantitative}\n")
+    (error,) = cl.page_errors(page, spans, "docs/posts/demo.md")
+    assert error.startswith("docs/posts/demo.md:8: axis y (ms) spans 0.1..100, 1000x > 100x")
+    assert page.read_text().splitlines()[7].startswith("  y: {field: ms")
+    page = plot_page(tmp_path, x + "  y: {field: ms, type: quantitative, scale: {type: log}}\n")
+    assert cl.page_errors(page, spans) == []
+    page = plot_page(tmp_path, x + "  y: {field: signed, type: quantitative}\n")  # -4 .. 995
+    assert cl.page_errors(page, spans) == []
+    page = plot_page(tmp_path, "  x: {field: big, type: quantitative}\n"
+                               "  y: {field: small, type: quantitative}\n")  # fmt: skip
+    assert [e.split(": ", 1)[1][:22] for e in cl.page_errors(page, spans)] == [
+        "axis x (big) spans 1.."
+    ]
+    assert cl.LOG_SPAN == 100  # the derivation in claims.py is for this ratio
+
+
+def test_a_linear_axis_over_decades_needs_its_reason_on_the_line(tmp_path, spans):
+    y = "  y:\n    field: big\n    type: quantitative\n    scale: {type: linear}"
+    x = "  x: {field: small, type: quantitative}\n"
+    page = plot_page(tmp_path, x + y + "  # the sum is what matters\n")
+    assert cl.page_errors(page, spans) == []
+    page = plot_page(tmp_path, x + y + "\n")
+    (error,) = cl.page_errors(page, spans, "p.md")
+    assert error.startswith("p.md:8: axis y (big) spans 1..1e+03, 1000x > 100x")
+
+
+def test_a_folded_axis_is_judged_on_the_fields_it_folds(tmp_path, spans):
+    fold = "transform:\n  - fold: [small, big]\n    as: [which, value]\n"
+    enc = "  x: {field: n, type: quantitative, scale: {type: log}}\n"
+    page = plot_page(tmp_path, enc + "  y: {field: value, type: quantitative}\n", fold)
+    (error,) = cl.page_errors(page, spans, "p.md")
+    assert error.startswith("p.md:11: axis y (value) spans 1..1e+03")

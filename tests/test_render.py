@@ -94,8 +94,10 @@ def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
     assert rows[0] == {"impl": "本文", "x": 1.0, "ms": 1.0, "ms_lo": 0.99, "ms_hi": 1.01}
     roof, points, bars = spec["layer"]
     assert roof["data"]["values"][1] == {"x": 700.0 / 4.25, "ms": 700.0}  # the ridge
-    assert points["mark"]["type"] == "point" and points["mark"]["tooltip"]
-    assert bars["mark"]["type"] == "errorbar"
+    assert points["mark"] == {"type": "point", "tooltip": True}  # the encoded fields, titled
+    assert bars["mark"] == {"type": "errorbar", "ticks": True}
+    assert [t["title"] for t in bars["encoding"]["tooltip"]] == ["x", "impl", "ms（范围下端）",
+                                                                 "ms（范围上端）"]  # fmt: skip
     assert bars["encoding"]["y"]["field"] == "ms_lo" and bars["encoding"]["y2"]["field"] == "ms_hi"
     html = hook.plot("demo", d, results, fake_page("posts/demo.md"))
     assert "<script" not in html  # instant navigation would run it as JavaScript
@@ -200,3 +202,54 @@ def test_a_post_awaiting_a_gpu_run_shows_placeholders_and_a_banner(hook, tmp_pat
     broken = body.replace("< 2 -->", "< -->")
     with pytest.raises(Exception, match=r"docs/posts/demo.md:\d+: claim .* is not an expression"):
         hook.on_page_markdown(broken, fake_page("posts/demo.md"), None, None)
+
+
+def test_a_nominal_legend_toggles_its_series(hook, results):
+    """One legend-bound selection on the color field; every layer drawing it (the generated
+    error bars too) takes its opacity from it; a reference rule without the field does not."""
+    d = directive("plot", "rows: rows\nencoding:\n  color: {field: impl, type: nominal}\n"
+                          "layer:\n  - mark: point\n    encoding:\n"
+                          "      x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "      y: {field: ms, type: quantitative}\n"
+                          "  - mark: rule\n    data: {values: [{y: 1}]}\n"
+                          "    encoding: {y: {field: y, type: quantitative}}\n")  # fmt: skip
+    layers = hook.vega_spec("demo", d, results)["layer"]
+    points, bars, rule = layers
+    assert points["params"] == [{"name": "series", "select": {"type": "point", "fields": ["impl"]},
+                                 "bind": "legend"}]  # fmt: skip
+    assert bars["mark"]["type"] == "errorbar" and "params" not in bars
+    for layer in (points, bars):
+        assert layer["encoding"]["opacity"]["condition"] == {"param": "series", "value": 1}
+    assert "opacity" not in rule["encoding"] and "params" not in rule
+
+
+def test_a_plot_without_a_nominal_legend_gets_no_toggle(hook, results):
+    d = directive("plot", "rows: rows\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative, scale: {type: log}}\n"
+                          "  y: {field: ms, type: quantitative}\n"
+                          "  color: {field: x, type: quantitative}\n")  # fmt: skip
+    spec = json.dumps(hook.vega_spec("demo", d, results))
+    assert '"params"' not in spec and '"opacity"' not in spec
+
+
+def test_the_build_names_the_line_of_an_axis_that_should_be_log(hook, results, monkeypatch):
+    from mkdocs.exceptions import PluginError
+
+    monkeypatch.setattr(hook.cl, "Results", lambda **kw: results)
+    body = ("# D\n\n```plot r\nrows: rows\nmark: point\nencoding:\n"
+            "  y: {field: ms, type: quantitative}\n"
+            "  x: {field: x, type: quantitative}\n```\n")  # fmt: skip
+    with pytest.raises(PluginError, match=r"docs/posts/demo.md:8: axis x \(x\) spans 1..300, 300x"):
+        hook.on_page_markdown(body, fake_page("posts/demo.md"), None, None)
+    fixed = body.replace("x, type: quantitative}", "x, type: quantitative, scale: {type: log}}")
+    page = fake_page("posts/demo.md")
+    assert 'class="result-plot"' in hook.on_page_markdown(fixed, page, None, None)
+
+
+def test_a_log_axis_is_not_stacked(hook, results):
+    """Vega-Lite stacks bars from zero; on a log axis that puts 0 in the domain and the plot
+    comes out empty (the browser suite's planted-plot-warning page shows the warning)."""
+    d = directive("plot", "rows: rows\nmark: bar\nencoding:\n  x: {field: impl, type: nominal}\n"
+                          "  y: {field: x, type: quantitative, scale: {type: log}}\n")  # fmt: skip
+    y = hook.vega_spec("demo", d, results)["layer"][0]["encoding"]["y"]
+    assert "stack" in y and y["stack"] is None

@@ -1,5 +1,5 @@
-// Load the vendored mermaid, Vega and KaTeX (assets/vendor/) and the site's calculator.js only on
-// pages that use them, and draw the result plots and formulas. Works with instant navigation: this
+// Load the vendored mermaid, Vega and KaTeX (assets/vendor/) and the site's calculator.js and
+// calculator.css only on pages that use them, and draw the result plots and formulas. Works with instant navigation: this
 // file runs once, document$ on each page.
 (() => {
   const assets = new URL("./", document.currentScript.src);
@@ -15,6 +15,18 @@
       script.onerror = () => reject(new Error("could not load " + script.src));
       document.head.appendChild(script);
     }))));
+  }
+
+  // Add a stylesheet (a path under assets/) to the page once; it stays for later pages.
+  function loadStyle(name) {
+    return (loading[name] ??= new Promise((resolve, reject) => {
+      const link = document.createElement("link");
+      link.rel = "stylesheet";
+      link.href = new URL(name, assets).href;
+      link.onload = resolve;
+      link.onerror = () => reject(new Error("could not load " + link.href));
+      document.head.appendChild(link);
+    }));
   }
 
   // Material renders pre.mermaid itself, and fetches mermaid from unpkg.com when window.mermaid
@@ -65,7 +77,8 @@
           renderer: "svg",
           actions: false,
           theme: dark ? "dark" : undefined,
-          config: { background: null, font: "inherit" },
+          // tooltips: four significant digits, no exponent (4096, 48.46, 0.00196)
+          config: { background: null, font: "inherit", tooltipFormat: { numberFormat: ",.4~r" } },
         }))
         .then(() => { box.dataset.rendered = "1"; delete box.dataset.error; }, failed(box, target));
     }
@@ -94,14 +107,14 @@
     }, (err) => console.error(err));
   }
 
-  // Calculators (hooks/calculators.py renders each ```calculator fence into a form): calculator.js
-  // starts them; once loaded it subscribes to document$, which replays the current page to it,
+  // Calculators (hooks/calculators.py renders each ```calculator fence into a form), styled by
+  // calculator.css: calculator.js starts them; once loaded it subscribes to document$, which replays the current page to it,
   // and starts the forms of every later page itself. A failed load is kept in the forms'
   // data-error, where the browser suite looks.
   function startCalculators(root) {
     const forms = root.querySelectorAll("form[data-calculator]");
     if (forms.length === 0) return;
-    loadScripts(["calculator.js"]).catch((err) => {
+    Promise.all([loadStyle("calculator.css"), loadScripts(["calculator.js"])]).catch((err) => {
       for (const form of forms) form.dataset.error = String(err.message);
       console.error(err);
     });

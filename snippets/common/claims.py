@@ -48,7 +48,10 @@ MARKS = {"arc", "area", "bar", "boxplot", "circle", "errorband", "errorbar", "ge
 
 
 class SpecError(ValueError):
-    """A reference, spec or claim is wrong; the message starts with page:line."""
+    """A reference, spec or claim is wrong; the message starts with page:line. `offset`: how
+    many lines below the directive's first line the fault is (a line inside a plot spec)."""
+
+    offset = 0
 
 
 class Pending(SpecError):
@@ -517,11 +520,98 @@ def check_axes(spec, rows: list[dict]) -> None:
 
 
 def _encodings(spec):
+    yield from (enc for _, enc in _encodings_at(spec))
+
+
+def _encodings_at(spec, path: tuple = ()):
+    """(path of the encoding in the spec, the encoding), top level then layers."""
     if isinstance(spec, dict):
         if isinstance(spec.get("encoding"), dict):
-            yield spec["encoding"]
+            yield (*path, "encoding"), spec["encoding"]
+        layers = spec.get("layer") if isinstance(spec.get("layer"), list) else []
+        for i, v in enumerate(layers):
+            yield from _encodings_at(v, (*path, "layer", i))
+
+
+# A quantitative axis of positive values spanning more than LOG_SPAN (max/min, medians) is
+# log-scaled. Why 100: on a linear axis from zero, a value max/R sits h/R above the axis; with
+# the default plot height h = 300 px (hooks/results.py) that is 3 px at R = 100, the radius of
+# a default point mark (size 30 px^2): beyond two decades the small values touch the axis and
+# cannot be told from each other. A page that wants a linear axis anyway writes
+# `scale: {type: linear}` on that channel with a comment saying why on the same line.
+LOG_SPAN = 100
+
+
+def axis_values(field: str, spec, rows: list[dict]) -> list[float]:
+    """The plotted values of a field: the rows' numbers (a timing's median), or for a field a
+    fold transform produces, the numbers of the fields it folds."""
+    sources = [field]
+    for t in _transforms_in(spec):
+        if "fold" in t and isinstance(t.get("as"), list) and len(t["as"]) == 2:
+            if t["as"][1] == field:
+                sources = [str(f) for f in t["fold"]]
+    out = []
+    for r in rows:
+        for f in sources:
+            v = as_stat(r.get(f))
+            v = v.median if isinstance(v, Stat) else v
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                out.append(float(v))
+    return out
+
+
+def _transforms_in(spec):
+    if isinstance(spec, dict):
+        yield from (t for t in spec.get("transform") or [] if isinstance(t, dict))
         for v in spec.get("layer", []) if isinstance(spec.get("layer"), list) else []:
-            yield from _encodings(v)
+            yield from _transforms_in(v)
+
+
+def _yaml_node(root, path: tuple):
+    """The node at a path of keys and list indices in a composed YAML document, or None."""
+    node = root
+    for key in path:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == key), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+            node = node.value[key] if key < len(node.value) else None
+        else:
+            return None
+    return node
+
+
+def check_log_axes(spec, rows: list[dict], text: str) -> None:
+    """Quantitative x/y axes of positive values that span more than LOG_SPAN are log-scaled,
+    or say why not: `scale: {type: linear}  # why` (the SpecError's offset is the channel's
+    line in the spec `text`, the YAML body of the fence)."""
+    root = None
+    for path, enc in _encodings_at(spec):
+        for channel in ("x", "y"):
+            ch = enc.get(channel)
+            if not isinstance(ch, dict) or ch.get("type") != "quantitative" or "field" not in ch:
+                continue
+            values = axis_values(ch["field"], spec, rows)
+            if not values or min(values) <= 0 or max(values) / min(values) <= LOG_SPAN:
+                continue
+            scale = ch.get("scale") if isinstance(ch.get("scale"), dict) else {}
+            if scale.get("type") in ("log", "symlog"):
+                continue
+            root = root if root is not None else yaml.compose(text)
+            encoding = _yaml_node(root, path)
+            node = next((k for k, _ in getattr(encoding, "value", []) if k.value == channel), None)
+            kind = _yaml_node(root, (*path, channel, "scale", "type"))
+            if scale.get("type") == "linear" and kind is not None:
+                line = text.splitlines()[kind.end_mark.line]
+                if re.search(r"#\s*\S", line[kind.end_mark.column :]):
+                    continue  # linear on purpose, and the page says why
+            span = max(values) / min(values)
+            exc = SpecError(
+                f"axis {channel} ({ch['field']}) spans {min(values):.3g}..{max(values):.3g}, "
+                f"{span:.0f}x > {LOG_SPAN}x (more than two decades): use scale: {{type: log}}, "
+                "or write `scale: {type: linear}  # why` on that line"
+            )
+            exc.offset = 1 + (node.start_mark.line if node is not None else 0)
+            raise exc
 
 
 # --------------------------------------------------------------------------- a page
@@ -590,6 +680,7 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
             for p in roof.values():
                 spec_ref(slug, d, str(p), results)
         check_axes(d.spec, rows)
+        check_log_axes(d.spec, rows, d.text)
         return None
     holds, shown = evaluate(d.text, slug, results)
     return None if holds else f"claim does not hold: {d.text}  ({shown})"
@@ -625,18 +716,20 @@ def page_errors(page: Path, results: Results | None = None, shown: str | None = 
         return [str(exc).replace(markup.rel(page), where, 1)]
     errors, unreadable = [], set()
     for d in found:
+        line = d.line
         try:
             problem = check_directive(slug, d, results)
         except Pending:
             problem = spec_problem(d)  # no results to check against: the spec alone
         except SpecError as exc:
             problem = str(exc)
+            line += exc.offset
             if getattr(exc, "unreadable", None):  # a broken record: say so once per page
                 if exc.unreadable in unreadable:
                     continue
                 unreadable.add(exc.unreadable)
         if problem:
-            errors.append(f"{where}:{d.line}: {problem}")
+            errors.append(f"{where}:{line}: {problem}")
     return errors
 
 

@@ -224,7 +224,9 @@ class Guard:
             self.bad_responses.append(f"HTTP {response.status} for {response.url}")
 
     def _on_console(self, msg):
-        if msg.type == "error":
+        # Vega and Vega-Lite log a spec they had to bend (a dropped property, a log domain
+        # holding zero: an empty plot) as a console warning starting "WARN"
+        if msg.type == "error" or (msg.type == "warning" and msg.text.startswith("WARN ")):
             where = (msg.location or {}).get("url", "")
             self.console.append(msg.text + (f" ({where})" if where else ""))
 
@@ -239,7 +241,8 @@ class Guard:
         return out + self.bad_responses
 
     def console_problems(self) -> list[str]:
-        """Console errors, less the "Failed to load" of foreign requests (reported as such)."""
+        """Console errors and Vega warnings, less the "Failed to load" of foreign requests
+        (reported as such)."""
         blocked = tuple(f"({url})" for url in self.foreign)
         out = [f"console error: {text}" for text in self.console if not text.endswith(blocked)]
         return out + [f"uncaught page error: {text}" for text in self.page_errors]

@@ -1,9 +1,10 @@
 """The browser checks catch contributors' mistakes, naming the page.
 
-One scratch copy of the repository gets three planted pages -- a mermaid syntax error, a
-malformed formula, a script from a CDN -- and is built once (not strict: the planted pages are
-not in the nav) and served; each fault must be reported by its check, with the page's name.
-A clean page of the same build is the control: the checks must not cry wolf.
+One scratch copy of the repository gets four planted pages -- a mermaid syntax error, a
+malformed formula, a script from a CDN, a plot Vega-Lite warns about -- and is built once (not
+strict: the planted pages are not in the nav) and served; each fault must be reported by its
+check, with the page's name. A clean page of the same build is the control: the checks must
+not cry wolf.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ PLANTED = {
         "network",
         '# 脚本\n\n正文。\n\n<script src="https://cdn.example.com/x.js"></script>\n',
         ("https://cdn.example.com/x.js",),
+        (),
+    ),
+    "planted-plot-warning": (  # a stacked bar on a log axis: Vega-Lite draws an empty plot
+        "console",
+        '# 图\n\n<div class="result-plot" data-spec="{&quot;data&quot;: {&quot;values&quot;: '
+        "[{&quot;a&quot;: &quot;x&quot;, &quot;v&quot;: 0.001}, {&quot;a&quot;: &quot;y&quot;, "
+        "&quot;v&quot;: 1}]}, &quot;mark&quot;: &quot;bar&quot;, &quot;encoding&quot;: {&quot;x"
+        "&quot;: {&quot;field&quot;: &quot;a&quot;, &quot;type&quot;: &quot;nominal&quot;}, "
+        "&quot;y&quot;: {&quot;field&quot;: &quot;v&quot;, &quot;type&quot;: &quot;quantitative"
+        '&quot;, &quot;scale&quot;: {&quot;type&quot;: &quot;log&quot;}}}}"></div>\n',
+        ("Log scale domain includes zero",),
         (),
     ),
 }

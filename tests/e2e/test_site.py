@@ -104,12 +104,16 @@ LIBRARIES = {  # library: (what in a built page needs it, the files it loads the
         'class="arithmatex"',
         ["assets/vendor/katex/katex.min.js", "assets/vendor/katex/contrib/auto-render.min.js"],
     ),
-    "calculator": (' data-calculator="', ["assets/calculator.js"]),
+    "calculator": (' data-calculator="', ["assets/calculator.js", "assets/calculator.css"]),
 }
 
 
+STYLED = """() => [...document.querySelectorAll("form.calc fieldset")]
+    .every((f) => getComputedStyle(f).borderTopStyle === "solid")"""
+
+
 def test_libraries_and_calculators_load_only_on_pages_that_use_them(visitor, site_dir):
-    """mermaid (3.5 MB), Vega (0.8 MB), KaTeX (0.3 MB) and the site's calculator.js (8 KB) are
+    """mermaid (3.5 MB), Vega (0.8 MB), KaTeX (0.3 MB) and the site's calculator.js and .css are
     requested only by a page with a diagram, a plot, a formula or a calculator
     (docs/assets/loader.js), and are when an instant navigation reaches one from a page without.
     One page of each combination, loaded directly; then instant navigations from a page that uses
@@ -143,6 +147,11 @@ def test_libraries_and_calculators_load_only_on_pages_that_use_them(visitor, sit
             problems.append(f"{checks.page_id(path)} ({how}): requested {got}, want {want}")
         found = checks.check_mermaid(page) + checks.check_plots(page) + checks.check_katex(page)
         found += checks.check_calculators(page)
+        if "calculator" in uses[path]:  # calculator.css styles the forms (Chromium's fieldset
+            try:  # border is "groove" without it)
+                page.wait_for_function(STYLED, timeout=checks.READY_TIMEOUT_MS)
+            except Exception:
+                found.append("calculator.css never styled the calculator forms")
         found += guard.network_problems() + guard.console_problems()
         problems.extend(f"{checks.page_id(path)} ({how}): {p}" for p in found)
 
