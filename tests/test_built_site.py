@@ -358,7 +358,7 @@ ADDED, WAS = "  # 下载版添加", "  # 原为："  # how the download marks it
 def executed(page: Path) -> list[str]:
     """What the tests run of a page, in order: Sybil's evaluator for each Python fence
     (tests/pages.py) with the running recorded instead of done. A `gpu` fence counts (gpu_docs
-    runs it); a `skip` fence does not."""
+    runs it), so does a `cpu` one (the CPU suite runs it); a `skip` fence does not."""
     from sybil import Sybil
 
     from tests import pages
@@ -372,6 +372,7 @@ def executed(page: Path) -> list[str]:
         mp.setattr(pages, "_cuda", lambda: True)
         for example in Sybil(parsers=[parser]).parse(page):
             if example.region.evaluator == parser.evaluate:
+                example.parsed.cpu = None  # CUDA is pretended for the gpu fences
                 try:
                     parser.evaluate(example)
                 except pytest.skip.Exception:
