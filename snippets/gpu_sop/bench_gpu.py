@@ -8,10 +8,11 @@ data_fixed loader's 8 forked workers shut down when a collection freed the faile
 namespace: 8 x the 5 s join timeout), the other tests and fences 1.0 s, pytest's start and
 imports 7.3 s. Its harness calls: python_ms 5.53 s in 8, step_ms 5.36 s in 4, graph_ms
 3.99 + 1.04 s (batch_fixed timed twice). Now:
-  the 40.6 s test: spawned workers, shut down at the end of this file (progs.clear())
-  at ~0.2 s; the test itself 0.13 s on the 2-core CPU machine                       -40.4 s
-  spawning 8 workers: each imports torch (~3 s, in parallel on 16 cores) while the
-  other 13 programs are built (two compiles, graph captures, 2 GiB of weights, ~2 s)  +1   s
+  the 40.6 s test: workers from a fork server, shut down at the end of this file
+  (progs.clear(); 2 such workers took 0.03 s on the CPU machine), the test 0.16 s   -40.4 s
+  starting 8 workers: each imports torch (2 took 2.0 s on the 2-core CPU machine; 8
+  in parallel on 16 cores ~2-3 s) while the other 13 programs are built (two
+  compiles, graph captures, 2 GiB of weights, ~2 s)                                  +1   s
   recompile_fixed at ~3.6 ms a step instead of 1.17: 15 repeats x 8 steps x 2.4 ms
   in step_ms, plus its 8 steps in the trace and 8 warm-up steps                      +0.4 s
   batch_fixed: 1.5 s settling + 7 x 0.2 s, timed once (its spread came from 40 ms
@@ -25,7 +26,7 @@ imports 7.3 s. Its harness calls: python_ms 5.53 s in 8, step_ms 5.36 s in 4, gr
   (two compiles, ~1 s)                                                               -1.5 s
   91.7 - 40.4 + 1 + 0.4 - 1.1 - 0.45 + 0.5 - 1.5                                    ~ 50.2 s
 so this file ~32 s and the post ~50 s with pytest's start (budget: 60 s). The margin rests
-on the spawn estimate and on no timing being taken twice.
+on the worker start-up estimate and on no timing being taken twice.
 """
 
 import os
