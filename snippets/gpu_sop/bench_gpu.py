@@ -67,7 +67,7 @@ grown = {name: fresh_result(proc, name, folder) for name, proc in fresh.items()}
 # 1 ms), at most 1 / (8 x 3.9 ms) = 0.032. 4 steps of the data stall (15 ms each), 2 of the
 # recompiles (each step is one: the share is ~1 at any count).
 STEPS = {"data": 4, "recompile": 2, "launch_fixed": 16, "small_fixed": 32, "batch": 16}
-# windows: launch_fixed 16 x 0.25 ms, small 8 x 0.49, small_fixed 32 x 0.14, batch 16 x 0.6 ms
+# windows: launch_fixed 16 x 0.3 ms, small 8 x 0.49, small_fixed 32 x 0.14, batch 16 x 0.6 ms
 
 
 def diagnosed(path, grown) -> dict:

@@ -35,7 +35,7 @@ class Sizes:
     prep_s: float = 1e-3  # host work per batch in a healthy loop: a third of a step
     heavy_prep_s: float = 12e-3  # a data stall: four steps' worth per batch
     workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, under a step
-    elems: int = 1 << 20  # launches: 1M floats, 4 MiB: ~4 µs a kernel, 64 a step (see below)
+    elems: int = 1 << 22  # launches: 4M floats, 16 MiB: ~5 µs a kernel, 64 a step (see below)
     ops: int = 64  # in-place ops per step
     big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
     tensors: int = 256  # ... then 256 small tensors updated one by one
@@ -54,13 +54,16 @@ CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000,
                   heavy_prep_s=0.15, workers=2, elems=4096, ops=8, rows=16, width=64,
                   decode_d=256, decode_layers=2)  # fmt: skip
 # Each fix must be GPU-bound with room to spare under the profiler, which multiplies the host's
-# time per call (the second H200 run: a recompile_fixed step's ~0.35 ms of host work took
-# ~1.2 ms in the trace, over its 0.8 ms of matmuls; a batch-1 gemv of 8192² took 34 µs on
-# the GPU against tens of µs of host per aten::mm). So: launch_fixed replays 64 kernels of
-# ~4 µs (0.25 ms a replay, against one cudaGraphLaunch); recompile_fixed's matmuls take
-# ~3.2 ms a step against ~1.2 ms of traced host work; the decode's gemv reads 512 MiB a layer
-# (~0.15 ms) against one traced aten::mm. The pathologies keep their cause: 64 launches at
-# ~14 µs of host each still take 3.5x the GPU's 0.25 ms.
+# time per call (recording shapes and memory). The second H200 run's recompile_fixed timed
+# 1.17 ms a step with a sync, ~0.8 ms of it matmuls: ~0.35 ms of host work; its launch share
+# of 0.36, if steady, means ~1.2 ms of host a step in the trace. Its batch-1 gemv of 8192²
+# took 34 µs on the GPU, of the order of one traced aten::mm on the host. Its 1 MiB
+# in-place ops took 1.35 µs each in a graph: a kernel's floor, 86 µs a replay. So:
+# launch_fixed replays 64 kernels on 16 MiB (L2-resident, ~5 µs: ~0.3 ms a replay against
+# one cudaGraphLaunch); recompile_fixed's matmuls take ~3.2 ms a step against ~1.2 ms of
+# traced host work; the decode's gemv reads 512 MiB a layer (~0.15 ms) against one traced
+# aten::mm. The pathologies keep their cause: 64 launches at ~14 µs of host each (0.89 ms
+# in run 2) still take ~3x the GPU's 0.3 ms.
 # --8<-- [end:sizes]
 
 Program = Callable[[int], object]

@@ -161,12 +161,12 @@ def training(s: Sim, steps=16, prep=1000.0, loader="_SingleProcessDataLoaderIter
 
 
 def launch_ops(s: Sim, graphed: bool, steps=16, ops=64) -> None:
-    for _ in range(steps):  # 64 in-place ops on 1M floats: 4 µs each on the GPU; launched one
+    for _ in range(steps):  # 64 in-place ops on 4M floats: 5 µs each on the GPU; launched one
         if graphed:  # by one, 14 µs of host each (0.89 ms for 64, as the H200 timed them)
-            s.graph([(4.0, (2048, 1, 1))] * ops)
+            s.graph([(5.0, (8192, 1, 1))] * ops)
         else:
             for _ in range(ops):
-                s.kernel(4.0, grid=(2048, 1, 1), cpu_us=14.0)
+                s.kernel(5.0, grid=(8192, 1, 1), cpu_us=14.0)
 
 
 def small_ops(s: Sim, flat: bool, steps=16, tensors=256) -> None:
