@@ -155,13 +155,23 @@ def batch_too_small(w: Window) -> float:
 
 # --8<-- [start:fragment]
 def fragmentation(w: Window) -> float:
-    """Memory fragmentation: the allocator reserved more than the program ever had allocated at
-    once (cached blocks that no later request fits). Returns (peak reserved - peak allocated)
-    / peak reserved, or 0 when the waste is under SEGMENT_FLOOR."""
+    """Memory fragmentation: while the window ran, the allocator reserved more than the window's
+    code ever had allocated at once (cached blocks that no later request fits). Both counted
+    from where the window started, the last [memory] event before it: memory reserved and
+    cached earlier belongs to the code that ran earlier (the process's other tensors leave
+    free space in partly used segments, which a window of tiny allocations would otherwise be
+    blamed for; without an earlier event, as in a process's first window, nothing counts as
+    cached at the start). Returns (reserved growth - allocated growth) / reserved growth, or
+    0 when the waste is under SEGMENT_FLOOR."""
     if not w.memory:
         return 0.0
-    reserved = max(m["Total Reserved"] for m in w.memory)
-    allocated = max(m["Total Allocated"] for m in w.memory)
+    if w.before is not None:
+        reserved0, allocated0 = w.before["Total Reserved"], w.before["Total Allocated"]
+    else:  # the first event's totals less its own bytes (Bytes < 0 for a free)
+        allocated0 = w.memory[0]["Total Allocated"] - w.memory[0].get("Bytes", 0)
+        reserved0 = allocated0
+    reserved = max(m["Total Reserved"] for m in w.memory) - reserved0
+    allocated = max(0, max(m["Total Allocated"] for m in w.memory) - allocated0)
     waste = reserved - allocated
     return waste / reserved if waste >= SEGMENT_FLOOR else 0.0
 

@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
     run = growing(Sizes(grow_mib=grow_mib, grows=grows), torch.device("cuda"),
                   expandable=name == "fragment_fixed")  # fmt: skip
     run(1)  # warm-up: CUDA's context, the allocator's first segment
+    torch.cuda.empty_cache()  # the growth starts from an empty cache, as in a fresh process
     trace = record({name: run}, os.path.join(folder, f"{name}.trace.json"), default_steps=1)
     reserved, allocated = peak_growth(run)
     with open(os.path.join(folder, f"{name}.json"), "w", encoding="utf-8") as f:

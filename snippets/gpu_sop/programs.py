@@ -35,24 +35,35 @@ class Sizes:
     prep_s: float = 1e-3  # host work per batch in a healthy loop: a third of a step
     heavy_prep_s: float = 12e-3  # a data stall: four steps' worth per batch
     workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, under a step
-    elems: int = 1 << 18  # launches: 256K floats, 1 MiB: hundreds of blocks, ~2 µs a kernel
+    elems: int = 1 << 22  # launches: 4M floats, 16 MiB: ~5 µs a kernel, 64 a step (see below)
     ops: int = 64  # in-place ops per step
     big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
     tensors: int = 256  # ... then 256 small tensors updated one by one
     tensor_elems: int = 8192  # 8192 floats: a grid of tens of blocks, under the 132 SMs
-    rows: int = 8192  # recompiles: x [rows + i, width] @ [width, width], twice: ~0.8 ms
+    rows: int = 32768  # recompiles: x [rows + i, width] @ [width, width], twice: ~3.2 ms
     width: int = 4096
     grow_mib: int = 64  # fragmentation: buffers of 64, 128, ... MiB, each freed before the next
     grows: int = 8
-    decode_d: int = 8192  # decode: 4 layers of 8192 x 8192 weights (512 MiB in bf16)
+    decode_d: int = 16384  # decode: 4 layers of 16384² weights (2 GiB in bf16), ~0.15 ms each
     decode_layers: int = 4
     small_batch: int = 1
-    big_batch: int = 512  # intensity ~455 FLOP/byte, over the H200's ridge (~206)
+    big_batch: int = 512  # intensity ~482 FLOP/byte, over the H200's ridge (~206)
 
 
 CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000, prep_s=1e-4,
                   heavy_prep_s=0.15, workers=2, elems=4096, ops=8, rows=16, width=64,
                   decode_d=256, decode_layers=2)  # fmt: skip
+# Each fix must be GPU-bound with room to spare under the profiler, which multiplies the host's
+# time per call (recording shapes and memory). The second H200 run's recompile_fixed timed
+# 1.17 ms a step with a sync, ~0.8 ms of it matmuls: ~0.35 ms of host work; its launch share
+# of 0.36, if steady, means ~1.2 ms of host a step in the trace. Its batch-1 gemv of 8192²
+# took 34 µs on the GPU, of the order of one traced aten::mm on the host. Its 1 MiB
+# in-place ops took 1.35 µs each in a graph: a kernel's floor, 86 µs a replay. So:
+# launch_fixed replays 64 kernels on 16 MiB (L2-resident, ~5 µs: ~0.3 ms a replay against
+# one cudaGraphLaunch); recompile_fixed's matmuls take ~3.2 ms a step against ~1.2 ms of
+# traced host work; the decode's gemv reads 512 MiB a layer (~0.15 ms) against one traced
+# aten::mm. The pathologies keep their cause: 64 launches at ~14 µs of host each (0.89 ms
+# in run 2) still take ~3x the GPU's 0.3 ms.
 # --8<-- [end:sizes]
 
 Program = Callable[[int], object]
@@ -86,11 +97,24 @@ class Tokens(Dataset):
 
 
 def token_batches(sz: Sizes, prep_s: float, workers: int, device: torch.device):
+    return iter(token_loader(sz, prep_s, workers, device))
+
+
+def token_loader(sz: Sizes, prep_s: float, workers: int, device: torch.device) -> DataLoader:
+    # workers come from a fork server: forked from a process that runs CUDA, CUPTI and a
+    # pin-memory thread, a child may inherit a lock some other thread held (Python warns:
+    # "This process is multi-threaded, use of fork() may lead to deadlocks in the child");
+    # the second H200 run's loader took 40 s to shut down, 8 workers x the 5 s join timeout
+    # of DataLoader._shutdown_workers. The fork server is a fresh single-threaded process
+    # (Python's multiprocessing docs; the default start method on POSIX since 3.14); its
+    # children exit without an interpreter's teardown (2 spawned workers took 1.0 s to shut
+    # down on the CPU machine, 2 from the fork server 0.03 s).
     loader = DataLoader(Tokens(sz.batch, sz.vocab, prep_s), batch_size=None,
                         num_workers=workers, pin_memory=device.type == "cuda",
                         persistent_workers=workers > 0,
+                        multiprocessing_context="forkserver" if workers else None,
                         prefetch_factor=2 if workers else None)  # fmt: skip
-    return iter(loader)
+    return loader
 
 
 def feature_batches(sz: Sizes, pinned: bool, device: torch.device):
@@ -203,10 +227,14 @@ def recompiles(sz: Sizes, device: torch.device, dynamic: bool, backend: str = "a
     limit = torch._dynamo.config.patch(recompile_limit=SPARE, accumulated_recompile_limit=SPARE)
 
     def run(steps: int):
+        out = None  # only the last step's output stays alive: the allocator reuses its blocks
         with limit:  # past the default of 8 Dynamo would give up and run the function eagerly
-            return [f(data[: sz.rows + next(_OFFSET) % SPARE]) for _ in range(steps)]
+            for _ in range(steps):
+                out = f(data[: sz.rows + next(_OFFSET) % SPARE])
+        return out
 
     run(1)  # the first compile, as any compiled program has
+    run.warmup = 1 if dynamic else 0  # every step of the storm compiles: no steady state
     return run
 
 
@@ -247,6 +275,7 @@ def growing(sz: Sizes, device: torch.device, expandable: bool) -> Program:
             buf = torch.empty(i * sz.grow_mib * MIB, dtype=torch.uint8, device=device)
             del buf
 
+    run.warmup = 0  # the growth into an empty cache is the pathology (fresh.py empties it)
     return run
 
 
@@ -360,7 +389,13 @@ def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None
 def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8,
            cuda: bool | None = None):  # fmt: skip
     """Run each program inside record_function("sop:<name>") in one torch.profiler session
-    (CUDA activity too where there is a GPU, unless cuda=False) and export the Chrome trace."""
+    (CUDA activity too where there is a GPU, unless cuda=False) and export the Chrome trace.
+    Right before its range each program runs `run.warmup` steps (default 1) in the session
+    but outside the range, and the GPU drains: the range sees the program's steady state.
+    The second H200 run's windows held one-off costs of their first step instead: a CUDA
+    graph's first replay under a new profiler session (0.1-0.5 ms, growing with the graph's
+    nodes), and the cudaMalloc calls after an empty_cache() between programs (which is gone:
+    fragmentation() counts from the window's start instead)."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     acts = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda
     if cuda:
@@ -371,8 +406,11 @@ def record(progs: dict, path, steps: dict | None = None, default_steps: int = 8,
         torch.cuda.synchronize()
     with profile(activities=acts, record_shapes=True, profile_memory=True) as prof:
         for name, run in progs.items():
+            warm = getattr(run, "warmup", 1)
+            if warm:
+                run(warm)
             if cuda:
-                torch.cuda.empty_cache()  # reserved memory starts from the live tensors
+                torch.cuda.synchronize()
             with record_function(f"sop:{name}"):
                 run((steps or {}).get(name, default_steps))
                 if cuda:

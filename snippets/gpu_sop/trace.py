@@ -152,10 +152,11 @@ class Trace:
                s.args["correlation"] not in known and start <= s.start <= end))]  # fmt: skip
         host = [s for s in self.spans
                 if s.cat not in GPU_CATS and s.start >= start and s.end <= end]  # fmt: skip
-        memory = [a for ts, a in self.memory
-                  if start <= ts <= end and a.get("Device Type") == CUDA_DEVICE_TYPE]  # fmt: skip
+        cuda_memory = [(ts, a) for ts, a in self.memory if a.get("Device Type") == CUDA_DEVICE_TYPE]
+        memory = [a for ts, a in cuda_memory if start <= ts <= end]
+        before = next((a for ts, a in reversed(cuda_memory) if ts < start), None)
         end = max([end] + [s.end for s in gpu])
-        return Window(self, name, start, end, host, calls, gpu, memory)
+        return Window(self, name, start, end, host, calls, gpu, memory, before)
 
 
 def merge(intervals) -> list[tuple[float, float]]:
@@ -178,6 +179,7 @@ class Window:
     calls: dict[int, Span]  # correlation -> the CUDA call that launched it
     gpu: list[Span]  # kernels, copies, memsets those calls launched, by start
     memory: list[dict]  # CUDA [memory] events' args, in time order
+    before: dict | None = None  # the last CUDA [memory] event's args before the window
     _cache: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -245,7 +247,15 @@ class Window:
         whatever the host did next could have overlapped queued work); otherwise its time goes,
         in this order, to what the host was inside: DataLoader.__next__ (data), a Dynamo compile
         (recompile), a pageable copy (pageable), a synchronization (sync); the rest to launching
-        (launch), or, in a trace with no GPU work at all, to the host's own work (host)."""
+        (launch), or, in a trace with no GPU work at all, to the host's own work (host).
+        The lead-in, from the window's start to its first GPU activity, is the exception: what
+        the host did there that no layer explains goes to `lead-in`, which no analyzer reads.
+        Nothing was queued yet and nothing had been launched late: the host was entering the
+        range and issuing the first call (on an H200 under the profiler, a CUDA graph's first
+        replay of a session took 0.1-0.5 ms). In a loop that host time overlaps the previous
+        step's GPU work; a window starts where no earlier step of it exists. A stall the host
+        spends in a named layer (a DataLoader.__next__ at the start of a ProfilerStep) still
+        counts: it is in every step, not only the first."""
         if "idle" in self._cache:
             return self._cache["idle"]
         out: dict[str, float] = defaultdict(float)
@@ -263,7 +273,8 @@ class Window:
             left = sum(b - a for a, b in rest)
             prev_copy = self._copy_kind(g.prev)
             tail = ("pageable" if prev_copy == ("HtoD", "Pageable") else
-                    "launch" if self.gpu else "host")  # fmt: skip
+                    "host" if not self.gpu else
+                    "lead-in" if g.prev is None else "launch")  # fmt: skip
             out[tail] += left
         self._cache["idle"] = dict(out)
         return self._cache["idle"]
