@@ -644,6 +644,8 @@ def _stub_times(fns):
     return [(f(), Stat.of([1.0, 1.1, 1.0, 1.2, 1.0], "gpu-kernels"))[1] for f in fns]
 
 
+# the page's GPU fence runs this code at full size; here its structure, at tiny shapes
+@pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 def test_benchmark_code_runs_at_tiny_shapes():
     rows = measure_grouped({"balanced": 0.0, "zipf-1": 1.0}, 64, 4, 32, 32, DEVICE,
                            torch.float32, _stub_times, skip=("torch_grouped_mm",))  # fmt: skip
@@ -664,6 +666,8 @@ def test_benchmark_code_runs_at_tiny_shapes():
     assert 0.005 < errs["fp8"] < 0.1  # e4m3: 3 mantissa bits
 
 
+# the page's GPU fence runs this code at full size; here its structure, at tiny shapes
+@pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 def test_balancing_experiment_runs_on_the_stand_in():
     from snippets.moe_training.balance_run import METHODS, curves, run, summarize
 
