@@ -182,6 +182,9 @@ def gpu_docs(session: nox.Session) -> None:
                                         print whether each claim holds on this machine
     `-- --no-downloads`                 measure only, without running each post's download (a
                                         second run to compare with; the first one runs them)
+    `-- --downloads-only <slug>...`     run these posts' downloads only, each from cold compile
+                                        caches, without measuring (after a change that touched
+                                        pages but no measured code)
     No venv, no network: uses the interpreter that has CUDA torch. Each post runs from a cold
     start (fresh Triton, Inductor and CUDA caches) and must fit BUDGET_S seconds (BUDGETS: the
     shared models' own line); all share one fresh model cache, the models' post first.
@@ -190,6 +193,7 @@ def gpu_docs(session: nox.Session) -> None:
     verify = "--verify" in args
     every = "--all" in args
     downloads_too = "--no-downloads" not in args
+    downloads_only = "--downloads-only" in args
     shard = None
     if "--shard" in args:
         at = args.index("--shard")
@@ -197,10 +201,13 @@ def gpu_docs(session: nox.Session) -> None:
             session.error("gpu_docs: --shard needs i/n")
         shard = args.pop(at + 1)
     slugs = [a for a in args if not a.startswith("--")]
-    options = ("--verify", "--all", "--shard", "--no-downloads")
+    options = ("--verify", "--all", "--shard", "--no-downloads", "--downloads-only")
     unknown = [a for a in args if a.startswith("--") and a not in options]
     if unknown:
         session.error(f"gpu_docs: unknown option(s) {' '.join(unknown)}")
+    if downloads_only and (verify or not downloads_too):
+        session.error("gpu_docs: --downloads-only runs downloads only: it takes neither --verify "
+                      "nor --no-downloads")  # fmt: skip
     missing = sorted(set(slugs) - set(post_slugs()))
     if missing:
         session.error(f"gpu_docs: no post docs/posts/<slug>.md for {', '.join(missing)}")
@@ -238,6 +245,9 @@ def gpu_docs(session: nox.Session) -> None:
     downloads, reader_path = (None, None)
     if downloads_too:
         downloads, reader_path = build_downloads(session, run_dir)
+    if downloads_only:
+        _downloads_only(session, run_order(slugs), downloads, reader_path)
+        return
     env["HANDBOOK_CEILINGS"] = str(run_dir / "ceilings.json")  # measured once, before the posts
     # trained once, by the models' post; in memory where the machine has /dev/shm (the target's
     # checkpoint is 2.9 GB, written once and read by every post that uses it)
@@ -294,21 +304,9 @@ def gpu_docs(session: nox.Session) -> None:
         if not downloads_too:
             shutil.rmtree(cold, ignore_errors=True)
             continue
-        session.log(f"gpu_docs: {slug}'s download, in a fresh folder")
-        download = downloads_run.run(
-            downloads / f"{slug}.py", cold / "download", reader_path,
-            env={k: post_env[k] for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                                          "CUDA_CACHE_PATH")}
-            | {"HANDBOOK_SKIP_BENCHMARKS": "1", "PYTHONUNBUFFERED": "1"},
-            timeout=5 * DOWNLOAD_BUDGET_S,
-        )  # fmt: skip
-        if download.wall_s > DOWNLOAD_BUDGET_S:
-            download.problems.append(f"over its {DOWNLOAD_BUDGET_S} s budget")
-        skipped = [ln for ln in download.output.splitlines() if ln.startswith("skipped ")]
-        print(download.report() if download.problems else "\n".join(skipped))
-        rows.append((f"{slug} (download)", download.wall_s, 0,
-                     "; ".join(download.problems) or "ok"))  # fmt: skip
-        failed += [f"{slug} (download)"] if download.problems else []
+        row = _download(session, slug, downloads, reader_path, cold, post_env)
+        rows.append(row)
+        failed += [row[0]] if row[3] != "ok" else []
         shutil.rmtree(cold, ignore_errors=True)
     if last_shard and (every or shard or not session.posargs):  # CUDA-only tests of the rest
         others = [str(p) for p in sorted((ROOT / "tests").rglob("test_*.py"))
@@ -323,6 +321,49 @@ def gpu_docs(session: nox.Session) -> None:
         rows.append(("(CUDA-only tests of the rest)", time.perf_counter() - t0, 0,
                      "ok" if ok else "tests failed"))  # fmt: skip
         failed += [] if ok else ["CUDA-only tests"]
+    _summary(session, rows)
+    if verify:
+        session.log(f"measured into {base} (results/ untouched)")
+    if models_dir:
+        shutil.rmtree(models_dir, ignore_errors=True)  # memory, not disk: give it back
+    if failed:
+        session.error(f"gpu_docs: failed: {', '.join(failed)}")
+
+
+def _download(session, slug, downloads, reader_path, cold, post_env) -> tuple:
+    """Run one post's download in a fresh folder, with the compile caches of `post_env`; its
+    summary row (name, wall s, 0 claims, status)."""
+    session.log(f"gpu_docs: {slug}'s download, in a fresh folder")
+    download = downloads_run.run(
+        downloads / f"{slug}.py", cold / "download", reader_path,
+        env={k: post_env[k] for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                                      "CUDA_CACHE_PATH")}
+        | {"HANDBOOK_SKIP_BENCHMARKS": "1", "PYTHONUNBUFFERED": "1"},
+        timeout=5 * DOWNLOAD_BUDGET_S,
+    )  # fmt: skip
+    if download.wall_s > DOWNLOAD_BUDGET_S:
+        download.problems.append(f"over its {DOWNLOAD_BUDGET_S} s budget")
+    skipped = [ln for ln in download.output.splitlines() if ln.startswith("skipped ")]
+    print(download.report() if download.problems else "\n".join(skipped))
+    return (f"{slug} (download)", download.wall_s, 0, "; ".join(download.problems) or "ok")
+
+
+def _downloads_only(session, slugs, downloads, reader_path) -> None:
+    """--downloads-only: each post's download from cold compile caches, nothing measured."""
+    rows = []
+    for slug in slugs:
+        cold = Path(tempfile.mkdtemp(prefix=f"handbook-cold-{slug}-"))
+        caches = {"TRITON_CACHE_DIR": str(cold / "triton"),
+                  "TORCHINDUCTOR_CACHE_DIR": str(cold / "inductor"),
+                  "CUDA_CACHE_PATH": str(cold / "cuda")}  # fmt: skip
+        rows.append(_download(session, slug, downloads, reader_path, cold, caches))
+        shutil.rmtree(cold, ignore_errors=True)
+    _summary(session, rows)
+    if failed := [r[0] for r in rows if r[3] != "ok"]:
+        session.error(f"gpu_docs: failed: {', '.join(failed)}")
+
+
+def _summary(session, rows) -> None:
     session.log("gpu_docs summary:")
     session.log(f"  {'post':<34} {'wall s':>7} {'budget':>7} {'claims':>6}  status")
     for slug, wall, n_claims, status in rows:
@@ -330,12 +371,6 @@ def gpu_docs(session: nox.Session) -> None:
                   if slug == CEILINGS_ROW else budget_of(slug))  # fmt: skip
         session.log(f"  {slug:<34} {wall:7.1f} {budget:>7} {n_claims:>6}  {status}")
     session.log(f"  {'total':<34} {sum(r[1] for r in rows):7.1f}")
-    if verify:
-        session.log(f"measured into {base} (results/ untouched)")
-    if models_dir:
-        shutil.rmtree(models_dir, ignore_errors=True)  # memory, not disk: give it back
-    if failed:
-        session.error(f"gpu_docs: failed: {', '.join(failed)}")
 
 
 def build_downloads(session: nox.Session, run_dir: Path) -> tuple[Path, list[str]]:

@@ -259,6 +259,14 @@ def test_gpu_docs_refuses_without_cuda(planted):
     )
 
 
+def test_gpu_docs_refuses_downloads_only_with_no_downloads(planted):
+    repo, *_ = planted
+    run = subprocess.run([sys.executable, "-m", "nox", "-s", "gpu_docs", "--", "--downloads-only",
+                          "--no-downloads"], cwd=repo, capture_output=True, text=True)  # fmt: skip
+    assert run.returncode != 0
+    assert "--downloads-only runs downloads only" in run.stdout + run.stderr
+
+
 def test_fault_list_is_in_the_contributing_guide():
     text = (ROOT / "docs" / "contributing.md").read_text(encoding="utf-8")
     missing = [f for f in FAULTS(PAGE_LINES, NO_DATA) if f not in text]
