@@ -345,7 +345,9 @@ def _download(session, slug, downloads, reader_path, cold, post_env) -> tuple:
         download.problems.append(f"over its {DOWNLOAD_BUDGET_S} s budget")
     skipped = [ln for ln in download.output.splitlines() if ln.startswith("skipped ")]
     print(download.report() if download.problems else "\n".join(skipped))
-    return (f"{slug} (download)", download.wall_s, 0, "; ".join(download.problems) or "ok")
+    status = "; ".join(download.problems) or "ok"
+    session.log(f"gpu_docs: {slug}'s download: {download.wall_s:.1f} s, {status}")
+    return (f"{slug} (download)", download.wall_s, 0, status)
 
 
 def _downloads_only(session, slugs, downloads, reader_path) -> None:
