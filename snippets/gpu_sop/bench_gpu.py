@@ -34,6 +34,13 @@ The fourth run (d0a636e) took 54.2 s: the confusion matrix on its diagonal, ever
 within ±2.5 % but recompile_fixed's (±5.7 %). The fifth (5c6c44f) took 59.6 s on a slower
 host (the run's ceilings 14.9 s against 10.4-11.2): recompile ±6.0 %, recompile_fixed ±8.1 %;
 now ~+1.3 s (below).
+The sixth (5a169c7), 57.6 s: every GPU-bound timing within ±3 %, but launch ±25.8 %
+(0.60-0.81 ms among the fastest 5 of 15), recompile ±13.1 % and recompile_fixed ±6.8 %
+(python clock; its steps 2.93-3.40 ms, so host-bound too). Across six runs the host-bound
+spreads moved between ±0.4 % and ±26 % whatever the steps per repeat: the GPU machine's host
+runs Python at speeds that change over seconds, and even its fastest third of repeats
+straddles them. Next: read /proc/stat's steal column around these timings; if it is steal
+(a virtual machine's CPU taken away), a clock of the thread's CPU time would not count it.
 """
 
 import os
