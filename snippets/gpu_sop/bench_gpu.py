@@ -56,6 +56,7 @@ from snippets.gpu_sop.programs import (
     FRESH,
     Sizes,
     fresh_result,
+    host_watch,
     in_fresh_process,
     programs,
     record,
@@ -120,8 +121,14 @@ def loop_ms(name, calls=8):  # ms per step of a loop, seen from Python (no sync 
     return python_ms(lambda: run(1), calls=calls)
 
 
+host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
+
+
 def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest third of 15 repeats
-    return step_ms(lambda: progs[name](1), calls=calls, repeats=5, settle_s=0.3, fastest=True)
+    with host_watch({"timing": name}) as state:
+        stat = step_ms(lambda: progs[name](1), calls=calls, repeats=5, settle_s=0.3, fastest=True)
+    host.append(state)
+    return stat
 
 
 times = {name: loop_ms(name) for name in ("healthy", "sync", "pinned", "data_fixed")}
@@ -172,7 +179,7 @@ for leaf, fix in FIX.items():
                   "sick_ms": sick, "fixed_ms": fixed, "gain": sick * per / fixed})  # fmt: skip
 (sick_r, sick_a), (fixed_r, _) = memory["fragment"], memory["fragment_fixed"]
 write_result("gpu-sop", "leaves", {
-    "threshold": THRESHOLD, "rows": rows, "costs": costs,
+    "threshold": THRESHOLD, "rows": rows, "costs": costs, "host": host,
     "fragment": {"reserved_gib": sick_r / 2**30, "fixed_gib": fixed_r / 2**30,
                  "allocated_gib": sick_a / 2**30, "gain": sick_r / fixed_r},
 })  # fmt: skip

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -343,6 +344,34 @@ CPU_OK = {"healthy", "sync", "data", "data_fixed", "launch", "recompile", "recom
 
 
 FRESH = {"fragment", "fragment_fixed"}  # each in its own process: in_fresh_process()
+
+
+# --8<-- [start:host]
+def _proc_stat() -> tuple[int, int] | None:
+    """(steal, total) jiffies of all CPUs since boot (/proc/stat's first line); None where
+    there is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return fields[7], sum(fields)
+
+
+@contextmanager
+def host_watch(out: dict):
+    """Fill `out` with the host's state over the block: `steal`, the share of all CPUs' time
+    the hypervisor gave to other machines (None where /proc/stat is unreadable), and
+    `cpu_over_wall`, this thread's CPU time over the wall time (below 1: it was descheduled or
+    blocked; a synchronize that spins on the GPU counts as CPU time)."""
+    s0, w0, c0 = _proc_stat(), time.perf_counter(), time.thread_time()
+    yield out
+    s1, w1, c1 = _proc_stat(), time.perf_counter(), time.thread_time()
+    out["steal"] = (s1[0] - s0[0]) / max(1, s1[1] - s0[1]) if s0 and s1 else None
+    out["cpu_over_wall"] = (c1 - c0) / max(w1 - w0, 1e-9)
+
+
+# --8<-- [end:host]
 
 
 def programs(sz: Sizes = Sizes(), device: torch.device | str = "cuda", only=None) -> dict:

@@ -413,3 +413,19 @@ def test_each_side_of_the_fragment_pair_starts_with_its_setting(monkeypatch, tmp
     assert expandable_setting(env0) is False and expandable_setting(env1) is True
     assert "PYTORCH_ALLOC_CONF" not in env0
     assert fresh_main(["nope"]) == 2
+
+
+def test_host_watch_tells_a_busy_thread_from_a_waiting_one():
+    import time
+
+    from snippets.gpu_sop.programs import host_watch
+
+    with host_watch({}) as busy:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.2:
+            pass
+    with host_watch({}) as waiting:
+        time.sleep(0.2)
+    assert busy["cpu_over_wall"] > 0.5 > 0.2 > waiting["cpu_over_wall"]
+    for state in (busy, waiting):
+        assert state["steal"] is None or 0.0 <= state["steal"] <= 1.0
