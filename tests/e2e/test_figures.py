@@ -29,8 +29,9 @@ def legend_pages(site_dir) -> list[str]:
 
 
 def toggle_problems(page) -> tuple[int, list[str]]:
-    """(plots with a legend of two or more entries, what is wrong with their toggling): clicking
-    a plot's first legend entry must keep that series' marks opaque and dim others."""
+    """(plots with a legend of two or more entries, what is wrong with them): no legend label
+    cut short, and clicking a plot's first legend entry must keep that series' marks opaque
+    and dim others."""
     problems, tried = [], 0
     for index in range(page.locator(".result-plot").count()):
         before = page.evaluate(LEGEND, {"index": index})
@@ -38,6 +39,8 @@ def toggle_problems(page) -> tuple[int, list[str]]:
             continue
         tried += 1
         where = f"plot {index + 1}"
+        if before["truncated"]:  # Vega cuts a label past its labelLimit: series look alike
+            problems.append(f"{where}: legend labels cut short: {before['truncated']}")
         page.locator(".result-plot").nth(index).locator(".role-legend-symbol path").first.click(
             force=True  # without a legend binding Vega leaves the symbol inert: click it anyway
         )
