@@ -125,6 +125,7 @@ def test_rmsnorm_casts_like_hugging_face():
     assert (after == reference).float().mean() <= 0.9
 
 
+@cpu  # structure only
 def test_rmsnorm_module_is_a_drop_in():
     rn = kernel("rmsnorm")
     module = rn.TritonRMSNorm(48, 1e-6)
@@ -257,6 +258,7 @@ def test_linear_cross_entropy_dw_in_weight_dtype():
 # The bounds are tight enough to catch real bugs ------------------------------------------------
 
 
+@cpu  # structure only
 def test_bounds_are_not_vacuous():
     g = torch.Generator().manual_seed(7)
     x, dy = torch.randn(8, 64, generator=g), torch.randn(8, 64, generator=g)
@@ -317,6 +319,7 @@ def test_qwen3_swap_points_and_fused_forward():
 # The benchmark code, at tiny shapes with a stand-in timer ---------------------------------------
 
 
+@cpu  # structure only
 def test_byte_model_matches_the_fusion_ranking():
     """The same bytes as the qwen3-fusion post's fusion candidates (forward + backward)."""
     m = kernel("measure")
