@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from snippets.common import results as res
+from snippets.common.device import ON_GPU
 from snippets.common.hardware import load_hardware, ridge_point
 from snippets.common.models.qwen3 import TINY, count_parameters
 from snippets.common.models.qwen3_configs import load_qwen3_configs
@@ -70,6 +71,10 @@ from snippets.metrics.training import (
     utilization,
 )
 from tests import gate
+
+# Formulas, reproductions, calculators and the GPU records' shape, all on the CPU or the meta
+# device (stand-in timers): the GPU run measures and the gate checks what it wrote.
+pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 
 Printed, span, reproduces, point = rp.Printed, rp.span, rp.reproduces, rp.point
 A100 = load_hardware()["a100-sxm-80gb"].bf16_dense_tflops * 1e12

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from snippets.common import taxonomy_render as render
+from snippets.common.device import ON_GPU
 from snippets.common.taxonomy import (
     ARXIV,
     GLOSSARY_PATH,
@@ -24,6 +25,9 @@ from snippets.common.taxonomy import (
     name_key,
 )
 from tests.hooks import fake_page, load_hook
+
+# Data, renderers and the hook: nothing here touches a device.
+pytestmark = pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 
 
 @pytest.fixture(scope="module")
