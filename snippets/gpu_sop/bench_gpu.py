@@ -39,8 +39,11 @@ The sixth (5a169c7), 57.6 s: every GPU-bound timing within ±3 %, but launch ±2
 (python clock; its steps 2.93-3.40 ms, so host-bound too). Across six runs the host-bound
 spreads moved between ±0.4 % and ±26 % whatever the steps per repeat: the GPU machine's host
 runs Python at speeds that change over seconds, and even its fastest third of repeats
-straddles them. Next: read /proc/stat's steal column around these timings; if it is steal
-(a virtual machine's CPU taken away), a clock of the thread's CPU time would not count it.
+straddles them. The fifth run's confusion matrix was off its diagonal too: the healthy
+loop's data share was 0.151 (0.044 in the fourth and sixth), over THRESHOLD. Next: the
+record keeps /proc/stat's steal share and the timing thread's CPU/wall ratio over each
+host-bound timing (`host`); if it is steal (a virtual machine's CPU taken away), a clock of
+the thread's CPU time would not count it.
 """
 
 import os
