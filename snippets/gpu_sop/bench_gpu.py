@@ -41,9 +41,11 @@ spreads moved between ±0.4 % and ±26 % whatever the steps per repeat: the GPU 
 runs Python at speeds that change over seconds, and even its fastest third of repeats
 straddles them. The fifth run's confusion matrix was off its diagonal too: the healthy
 loop's data share was 0.151 (0.044 in the fourth and sixth), over THRESHOLD. Next: the
-record keeps /proc/stat's steal share and the timing thread's CPU/wall ratio over each
-host-bound timing (`host`); if it is steal (a virtual machine's CPU taken away), a clock of
-the thread's CPU time would not count it.
+record keeps, over each host-bound timing (`host`), /proc/stat's steal share of the busy
+CPU time, the timing thread's CPU/wall ratio and a fixed Python loop's CPU time before and
+after (a slower core shows there, not in the other two). Steal calls for a clock of the
+thread's CPU time (where the guest kernel subtracts steal from it); a slower core for more,
+interleaved repeats, or a timing relative to the loop.
 """
 
 import os
