@@ -154,6 +154,22 @@ def test_carried_wheels_are_not_sources(tmp_path, monkeypatch):
     assert set(res.derive_sources(module, tmp_path)) == {"snippets/m.py", "data/d.yaml"}
 
 
+def test_wall_time_counts_from_the_measuring_module_however_imported():
+    """gpu_docs's pages import bench modules with importlib.import_module, which raises no
+    'import' audit event: the wall time must still start when the module's body runs."""
+    code = (
+        "import importlib, time, snippets\n"
+        "from snippets.common import results\n"
+        "m = importlib.import_module('snippets.metrics.calculators')\n"
+        "time.sleep(0.2)\n"
+        "print(results.wall_s(m.__file__))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert 0.2 <= float(out.stdout.split()[-1]) < 5, out.stdout[-200:]
+    assert res.wall_s(ROOT / "snippets" / "never_ran.py") is None
+
+
 def test_hand_edited_value_fails_by_checksum(scratch):
     edit(scratch / RESULT, '"n": 1024', '"n": 2048')
     error, *also = gate.errors(scratch)  # the page cannot read it either

@@ -222,16 +222,17 @@ def import_closure(path: Path, root: Path = ROOT) -> set[Path]:
 
 
 _OPENED: dict[Path, set[Path]] = {}  # opened file -> the snippet modules that opened it
-_STARTED: dict[str, float] = {}  # snippet module name -> when its latest import began
+_STARTED: dict[Path, float] = {}  # snippet module file -> when its code last began to run
 # not sources: records, caches, builds, and the wheels carried to the GPU machine (.whl: the
 # corpus wheel's content is pinned by its sha256 in data/trained_models.yaml, itself a source)
 _SKIP_DIRS = {"results", "__pycache__", ".git", ".nox", "node_modules", "site", ".whl"}
 
 
 def _audit(event: str, args: tuple) -> None:
-    if event == "import":
-        if args[0].startswith("snippets."):
-            _STARTED[args[0]] = time.perf_counter()
+    if event == "exec":  # a module's body runs through exec(), whichever way it was imported
+        f, name = getattr(args[0], "co_filename", ""), getattr(args[0], "co_name", "")
+        if name == "<module>" and f.endswith(".py") and f"{os.sep}snippets{os.sep}" in f:
+            _STARTED[Path(os.path.realpath(f))] = time.perf_counter()
         return
     if event != "open" or not isinstance(args[0], str | Path):
         return
@@ -323,6 +324,12 @@ def commit_and_dirty(root: Path = ROOT) -> tuple[str, bool]:
     return commit, dirty == "1"
 
 
+def wall_s(measured_by: Path) -> float | None:
+    """Seconds since the measuring module's body began to run (None: it never ran here)."""
+    started = _STARTED.get(Path(os.path.realpath(measured_by)))
+    return round(time.perf_counter() - started, 1) if started is not None else None
+
+
 def provenance(kind: str, measured_by: Path, root: Path = ROOT) -> dict:
     commit, dirty = commit_and_dirty(root)
     prov = {
@@ -341,8 +348,6 @@ def provenance(kind: str, measured_by: Path, root: Path = ROOT) -> dict:
         ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
-    module = ".".join(measured_by.resolve().relative_to(root.resolve()).with_suffix("").parts)
-    started = _STARTED.get(module)
     return {
         "gpu": torch.cuda.get_device_name(),
         "driver": smi.stdout.strip().splitlines()[0] if smi.returncode == 0 else "unknown",
@@ -350,7 +355,7 @@ def provenance(kind: str, measured_by: Path, root: Path = ROOT) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         **prov,
-        "wall_s": round(time.perf_counter() - started, 1) if started else None,
+        "wall_s": wall_s(measured_by),
     }
 
 
