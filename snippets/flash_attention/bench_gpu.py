@@ -36,6 +36,8 @@ it gives the last run's timing as 11.4 s (measured 11.0 with the profiler).
   pytest, rest   11.1 -> 11.1
   total         103.4 -> 50.5 s; uncertain by a few seconds (FlexAttention's compile, cuDNN's
                                plans); a timing retried by the harness adds about 3 s
+Measured since: 46.7 s (d4df628), 57.7 s (45fbab4, forward with 3 stages). 8 K added after a
+do_bench probe put each extra length at 2.5-3.9 s of wall time (cuDNN's 4 plans, the timing).
 """
 
 import torch
@@ -60,7 +62,7 @@ implementations, breakdown, peak_memory = (_traced(f) for f in (implementations,
 
 # --8<-- [start:run]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 16, 128, torch.bfloat16  # 16 heads x 128 = hidden 2048
-LENGTHS = (4096, 16384)  # batch = TOKENS / length: 8 and 2 sequences
+LENGTHS = (4096, 8192, 16384)  # batch = TOKENS / length: 8, 4 and 2 sequences
 MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention's peak grows as n^2
 TIMED = ("ours", "flash", "flex", "cudnn")  # cuDNN last: the one whose clocks need settling
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
