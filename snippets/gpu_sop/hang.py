@@ -120,20 +120,21 @@ def free_port() -> int:
 
 
 def run(fault: str) -> str:
-    folder = Path(tempfile.mkdtemp(prefix=f"handbook-hang-{fault}-"))
-    ctx = mp.get_context("fork")
-    port = free_port()
-    procs = [ctx.Process(target=train, args=(r, port, str(folder), fault)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    # the slowest rank, the straggler, is done after 1.5 T asleep + T for its own timed-out
-    # collective; 5 T leaves 2.5 T (5 s) for starting gloo and exiting
-    deadline = time.monotonic() + 5 * TIMEOUT_S
-    for p in procs:
-        p.join(timeout=max(0.0, deadline - time.monotonic()))
-        if p.is_alive():
-            p.kill()
-    return analyze(read_ledgers(folder))
+    with tempfile.TemporaryDirectory(prefix=f"handbook-hang-{fault}-") as folder:
+        ctx = mp.get_context("fork")
+        port = free_port()
+        procs = [ctx.Process(target=train, args=(r, port, folder, fault)) for r in range(WORLD)]
+        for p in procs:
+            p.start()
+        # the slowest rank, the straggler, is done after 1.5 T asleep + T for its own timed-out
+        # collective; 5 T leaves 2.5 T (5 s) for starting gloo and exiting
+        deadline = time.monotonic() + 5 * TIMEOUT_S
+        for p in procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()  # its ledger file closed before the folder goes
+        return analyze(read_ledgers(Path(folder)))
 
 
 # --8<-- [start:demo]
