@@ -393,6 +393,79 @@ def test_measurement_code_runs_at_tiny_shapes():
     assert loss[0]["extra_of_logits"] == (10**6 - grads) / (4 * 40 * 4)
 
 
+def tiny_plan(impls):
+    w, m = kernel("warm"), kernel("measure")
+    s = m.Shapes(batch=1, seq=4, hidden=32, intermediate=48, q_heads=2, kv_heads=1, head_dim=8,
+                 vocab=40)  # fmt: skip
+    variants = (("ours", (2, torch.float32)), ("ours", (4, torch.bfloat16)), ("eager", None),
+                ("compile", None), ("liger", None))  # fmt: skip
+    return w.Plan(s, torch.float32, impls, (1, 3), (16, 24), ("ours", "liger"), variants,
+                  device=str(DEVICE))  # fmt: skip
+
+
+@cpu  # structure only
+def test_warm_units_cover_the_benchmark():
+    w = kernel("warm")
+    todo = w.units(tiny_plan(("ours", "eager", "compile", "liger")))
+    assert [u[1] for u in todo] == ["compile"] * 5 + ["liger"] * 7 + ["ours"] * 8  # longest first
+    assert todo[0] == ("loss", "compile", None)
+    assert ("ops", "ours", "rope") in todo and ("rows", "ours", None) in todo
+    sweeps = [u[1:] for u in todo if u[0] == "sweep"]
+    assert sweeps == [("liger", 16), ("liger", 24), ("ours", 16), ("ours", 24)]
+    assert not any(u[1] == "eager" for u in todo)  # nothing to compile
+
+
+@cpu
+def test_warm_units_call_what_the_benchmark_times():
+    """Each unit runs every callable its measure.py function would time (the stand-in clock
+    counts them); Liger's units do nothing where it is not installed, as the benchmark."""
+    w = kernel("warm")
+    plan = tiny_plan(("ours", "liger"))
+    liger = isinstance(kernel("measure").liger_ops(), dict)
+    counts = {}
+    for unit in w.units(plan):
+        if unit[1] == "liger" and liger:
+            continue  # its kernels would run in Triton's interpreter: the GPU run covers them
+        clock, calls = stand_in_each("gpu-kernels")
+        w.run_unit(unit, plan, clock)
+        counts[unit] = len(calls)
+    ours = {u: n for u, n in counts.items() if u[1] == "ours"}
+    assert ours[("loss", "ours", None)] == 2  # two variants
+    assert ours[("ops", "ours", "rmsnorm")] == 2  # forward, backward
+    assert ours[("rows", "ours", None)] == 2  # rows per program 1 and 3
+    assert ours[("sweep", "ours", 16)] == 1  # forward + backward
+    assert all(n == 0 for u, n in counts.items() if u[1] == "liger")
+    with pytest.raises(ValueError, match="unknown unit"):
+        w.run_unit(("nothing", "ours", None), plan)
+
+
+@cpu
+def test_warm_reports_failed_and_unrun_units(tmp_path):
+    w = kernel("warm")
+    plan = tiny_plan(("ours",))
+    todo = [("sweep", "ours", 16), ("ops", "ours", "no-such-op"), ("rows", "ours", None)]
+    (tmp_path / "claimed-2").touch()  # another worker has it
+    w.work(plan, todo, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "claimed-0", "claimed-1", "claimed-2", "failed-1"]  # fmt: skip
+    (tmp_path / "claimed-2").unlink()  # ... and died before it could claim it
+    with pytest.warns(UserWarning) as caught:
+        done = w.finish(w.Workers([], tmp_path, todo, 0.0))
+    assert done["units"] == 3 and done["failed"] == 2
+    assert ["no-such-op" in str(c.message) for c in caught] == [True, False]
+    assert "never run" in str(caught[1].message)
+    assert not tmp_path.exists()
+
+
+@cpu
+@pytest.mark.slow  # two Python processes that import torch and the kernel files: seconds
+def test_warm_workers_run_every_unit():
+    w = kernel("warm")
+    plan = tiny_plan(("ours",))
+    done = w.finish(w.start(plan, workers=2))
+    assert done == {"units": 8, "failed": 0, "waited_s": done["waited_s"]}
+
+
 def test_liger_rows_only_when_installed():
     m = kernel("measure")
     found = m.implementations(("liger",), 32, 1e-6)
