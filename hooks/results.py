@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from snippets.common import claims as cl  # noqa: E402
-from snippets.common.host import GATE  # noqa: E402
 from snippets.common.results import (  # noqa: E402
     FASTEST_SHARE,
     Stat,
@@ -42,13 +41,7 @@ FASTEST_LEGEND = (
     f"{FASTEST_MARK} 从 Python 计时，取最快的三分之一次重复：主机 CPU 没有被别的负载拖慢时的时间，"
     "是循环实际看到的时间的下界"
 )
-GATED_MARK = "§"
-GATED_LEGEND = (
-    f"{GATED_MARK} 从 Python 计时，只计主机全速时的重复：每次重复前后各跑一段固定的纯 Python 探针，"
-    f"两次都不慢于这段计时里最快探针的 {GATE:.2f} 倍，这次重复才计入；是主机 CPU 全速时的时间，"
-    "循环实际看到的时间的下界"
-)
-CLOCK_MARKS = {"python": PYTHON_MARK, "python-fastest": FASTEST_MARK, "python-gated": GATED_MARK}
+CLOCK_MARKS = {"python": PYTHON_MARK, "python-fastest": FASTEST_MARK}
 OVERLAP_MARK = "≈"
 OVERLAP_LEGEND = f"{OVERLAP_MARK} 与同组中另一个值的区间重叠：两者之差在测量散布之内"
 
@@ -88,16 +81,14 @@ def number(value, spec: str | None) -> str:
     text = fmt(value, spec)
     stat = cl.as_stat(value)
     if isinstance(stat, Stat) and stat.n:
-        clock = {"python": "，从 Python 计时", "python-fastest": "，从 Python 计时",
-                 "python-gated": "，从 Python 计时"}.get(stat.clock, "")  # fmt: skip
+        clock = {"python": "，从 Python 计时",
+                 "python-fastest": "，从 Python 计时"}.get(stat.clock, "")  # fmt: skip
         span = f"{fmt(stat.lo, spec)}–{fmt(stat.hi, spec)}（{spread_text(stat)}）"
         trim = stat.n // 6  # as Stat.of leaves them out
         kept = f"去掉最快、最慢各 {trim} 次后的范围" if trim else "全部重复的范围"
         repeats = f"{stat.n} 次重复"
         if stat.clock == "python-fastest":
             repeats = f"{FASTEST_SHARE * stat.n} 次重复中最快的 {stat.n} 次"
-        if stat.clock == "python-gated":
-            repeats = f"主机全速时的 {stat.n} 次重复"
         title = f"中位数；{repeats}，{kept} {span}{clock}"
         return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
     return text
@@ -182,7 +173,7 @@ def table(slug: str, d: cl.Directive, results: cl.Results, page, prov: bool = Tr
         marks |= {CLOCK_MARKS.get(getattr(cl.as_stat(r.get(k)), "clock", None)) for k, _ in cols}
         lines.append("| " + " | ".join(cells) + " |")
     legend_of = {PYTHON_MARK: PYTHON_LEGEND, FASTEST_MARK: FASTEST_LEGEND,
-                 GATED_MARK: GATED_LEGEND, OVERLAP_MARK: OVERLAP_LEGEND}  # fmt: skip
+                 OVERLAP_MARK: OVERLAP_LEGEND}  # fmt: skip
     legends = [text for mark, text in legend_of.items() if mark in marks]
     timed = any(isinstance(cl.as_stat(r.get(k)), Stat) and cl.as_stat(r.get(k)).n
                 for r in rows for k, _ in cols)  # fmt: skip

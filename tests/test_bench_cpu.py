@@ -242,48 +242,6 @@ def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):
     assert 1.0 <= t.median < 1.6 and t.hi < 2.0, t
 
 
-def _gated_host(monkeypatch, probes):
-    """A fake clock and host: each probe reads the next of `probes` (ms); each step takes 2 ms
-    when the probe before its repeat was fast (1.0 ms), 4 ms when it was slow."""
-    from snippets.common import host
-
-    monkeypatch.setattr(host.time, "perf_counter", lambda: clock[0])
-    clock, it, state = [0.0], iter(probes), {"speed": 1.0}
-
-    def probe_ms(n=host.PROBE_N):
-        state["speed"] = next(it)
-        return state["speed"]
-
-    def step():
-        clock[0] += 0.002 * state["speed"]
-
-    monkeypatch.setattr(host, "probe_ms", probe_ms)
-    return host, step
-
-
-def test_gated_ms_keeps_the_repeats_taken_at_full_host_speed(monkeypatch):
-    """Probes 1.0 (fast) and 2.0 (half speed): only repeats with both probes within GATE of
-    the fastest count; it runs until 5 count; GATED records kept / taken and the probes."""
-    fast, slow = [1.0, 1.0], [2.0, 2.0]
-    mixed = [1.0, 2.0]  # slowed down within the repeat: its slower probe decides
-    probes = fast + slow + mixed + fast + slow + fast + fast + slow + fast
-    host, step = _gated_host(monkeypatch, probes)
-    t = host.gated_ms(step, calls=4, repeats=5, settle_s=0.0, warmup=0, name="demo")
-    assert t.clock == "python-gated" and t.n == 5, t
-    assert t.median == pytest.approx(2.0) and t.hi == pytest.approx(2.0), t
-    assert host.GATED[-1] == {"timing": "demo", "kept": 5, "repeats": 9,
-                              "probe_fastest_ms": 1.0, "probe_slowest_ms": 2.0}  # fmt: skip
-
-
-def test_gated_ms_names_the_host_state_when_it_never_reaches_full_speed(monkeypatch):
-    """One fast probe, then a host at half speed: no repeat counts; the error says how many
-    repeats it took and the probes' range, instead of a timing of the slow host."""
-    host, step = _gated_host(monkeypatch, [1.0] + [2.0] * 99)
-    expected = r"for 0 of 6 repeats, fewer than 5; its probes ranged 1.00-2.00 ms"
-    with pytest.raises(RuntimeError, match=expected):
-        host.gated_ms(step, calls=2, repeats=5, max_repeats=6, settle_s=0.0, warmup=0)
-
-
 def test_step_ms_fastest_keeps_the_fastest_third_of_three_times_the_repeats(monkeypatch):
     """fastest=True: 3 x repeats repeats, the Stat of the fastest third. A host that runs at
     half speed for two repeats in three (every step 2 ms instead of 1 ms) leaves the fast

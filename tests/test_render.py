@@ -70,23 +70,6 @@ def test_fastest_third_gets_its_own_mark_legend_and_hover(hook, results):
     assert "21 次重复中最快的 7 次" in hover, hover
 
 
-def test_gated_timing_gets_its_own_mark_legend_and_hover(hook, results):
-    """A python-gated timing: § and a legend that gives the gate's value from the code."""
-    import copy
-
-    from snippets.common.host import GATE
-
-    record = copy.deepcopy(results.loaded[("demo", "r")])
-    rows = record["values"]["rows"]
-    rows[1]["ms"]["clock"] = "python-gated"
-    results = cl.Results(base=results.base, loaded={("demo", "r"): record})
-    d = directive("table", "rows: rows\ncolumns: {impl: i, ms: {label: t, format: .3f}}\n")
-    text = hook.table("demo", d, results, fake_page("posts/demo.md"), prov=False)
-    assert "| a\\|b | 1.005 ±2.5%§ |" in text and f"最快探针的 {GATE:.2f} 倍" in text, text
-    hover = unescape(hook.number(cl.as_stat(rows[1]["ms"]), ".3f"))
-    assert "主机全速时的 7 次重复" in hover, hover
-
-
 def test_compare_marks_overlapping_cells(hook, results):
     """0.99..1.01 and 0.98..1.03 overlap: within 'their spread' of each other; x does not."""
     page = fake_page("posts/demo.md")

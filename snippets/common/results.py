@@ -43,7 +43,7 @@ RESULTS_DIR_ENV = "HANDBOOK_RESULTS_DIR"  # set by gpu_docs: where measurements 
 UPDATE_ENV = "HANDBOOK_UPDATE_RECORDS"  # set by `pytest --update-examples`: rewrite computed
 COMMIT_ENV, DIRTY_ENV = "HANDBOOK_COMMIT", "HANDBOOK_DIRTY"
 KINDS = ("measured", "computed")
-CLOCKS = ("gpu-graph", "gpu-kernels", "python", "python-fastest", "python-gated")  # how timed
+CLOCKS = ("gpu-graph", "gpu-kernels", "python", "python-fastest")  # how a timing was taken
 FASTEST_SHARE = 3  # python-fastest: the statistic of the fastest third of the repeats
 REJECTED_DIR = ".rejected"  # write_result keeps values that failed a check here (git-ignored)
 RECORDER = "snippets/common/results.py"  # stores numbers, measures nothing: not a source
@@ -77,8 +77,6 @@ class Stat:
     Clock "python-fastest" (bench.step_ms(fastest=True)): median and range of the fastest
     1/FASTEST_SHARE of the repeats, `n` of them; min and max still span them all. It is the
     time of CPU-bound code on the host at its own speed, a lower bound of what a loop sees.
-    Clock "python-gated" (host.gated_ms): only repeats taken while a probe showed the host at
-    full speed, `n` of them; the same kind of lower bound, with the host's state measured.
 
     Arithmetic between Stats (and numbers) is interval arithmetic on (lo, hi), with the median
     computed from the medians: a speed-up eager / graph keeps the widest range the two allow.

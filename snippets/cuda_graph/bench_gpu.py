@@ -21,11 +21,11 @@ COMPILED = ("small", 64)  # reduce-overhead once: every new shape or width compi
 MODELS = (("small", SMALL), ("mid", MID))
 decode = {name: decode_latency(cfg, BATCHES, DTYPE) for name, cfg in MODELS}
 # (name, config, batch, seq, steps per timed repeat): a repeat takes a few hundred ms
-# the small model's eager step is bound by the CPU: gated (python_ms of 15 repeats of 8
-# back-to-back steps spread ±12 %); the mid one's is bound by the GPU
+# the small model's eager step is bound by the CPU: the fastest third (python_ms of 15
+# repeats of 8 back-to-back steps spread ±12 %); the mid one's is bound by the GPU
 TRAIN = (("small", SMALL, 4, 256, 4, True), ("mid", MID, 4, 1024, 1, False))
-train = [{"model": n, "batch": b, "seq": s} | train_step_times(c, b, s, DTYPE, calls, host)
-         for n, c, b, s, calls, host in TRAIN]  # fmt: skip
+train = [{"model": n, "batch": b, "seq": s} | train_step_times(c, b, s, DTYPE, calls, fastest)
+         for n, c, b, s, calls, fastest in TRAIN]  # fmt: skip
 pools = {"shared": pool_bytes(True), "separate": pool_bytes(False)}
 # last: torch.compile's workers would share the CPU with the eager timings above
 compiled = compiled_latency(dict(MODELS)[COMPILED[0]], COMPILED[1], DTYPE)

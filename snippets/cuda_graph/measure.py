@@ -2,9 +2,8 @@
 
 Every time is seen from Python, CPU overhead included: a decode step by step_ms (each step
 waited for, as a loop that reads every token; the median step of each repeat; eager, which is
-CPU-bound, by host.gated_ms: the repeats taken while the host ran at full speed), a training
-step likewise (each step waited for, as a loop that reads its loss every step; the CPU-bound
-small one gated too).
+CPU-bound, by the fastest third of its repeats), a training step likewise (each step waited
+for, as a loop that reads its loss every step; the CPU-bound small one by the fastest third).
 """
 
 import time
@@ -13,7 +12,6 @@ from dataclasses import replace
 import torch
 
 from snippets.common.bench import step_ms
-from snippets.common.host import gated_ms
 from snippets.common.models.qwen3 import QWEN3_8B, Qwen3ForCausalLM
 from snippets.cuda_graph.decode import StaticCache, decode_step
 from snippets.cuda_graph.graphs import GraphedDecoder, captured_train_step
@@ -25,10 +23,9 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 4 laye
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=4)  # Qwen3-8B's widths, 4 layers
 CALLS = 8  # decode steps per timed repeat, each waited for; a repeat's value: its median step
-# eager: 7 repeats of 4 steps taken at the host's full speed (gated_ms), out of at most 45:
-# by the fastest 15 of 45 repeats one row spread ±16.5 % (run ff38baa), at 10 of 30 repeats
-# of 8 steps ±12 %: the host was fast for less than a third of the timing
-EAGER_REPEATS, EAGER_CALLS, EAGER_MAX_REPEATS = 7, 4, 45
+EAGER_REPEATS, EAGER_CALLS = 15, 4  # eager: the fastest 15 of 45 repeats of 4 steps
+# (step_ms(fastest=True)); at 10 of 30 repeats of 8 steps one row spread ±12 %: the host
+# was fast for less than a third of the timing
 # eager settles 1 s, the process's first eager timing 3 s: the host was slow longer after
 # the first models were built (the first row spread ±6.7 %, the others ±1 %)
 EAGER_SETTLE_S = iter([3.0])
@@ -76,9 +73,9 @@ def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> l
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = gated_ms(lambda: decode_step(model, view, tokens, at), calls=EAGER_CALLS,  # noqa: B023
-                         repeats=EAGER_REPEATS, max_repeats=EAGER_MAX_REPEATS,
-                         settle_s=next(EAGER_SETTLE_S, 1.0), name=f"eager b{b}")  # fmt: skip
+        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=EAGER_CALLS,  # noqa: B023
+                        repeats=EAGER_REPEATS, fastest=True,
+                        settle_s=next(EAGER_SETTLE_S, 1.0))  # fmt: skip
         # a shorter settling time: a replay is mostly GPU time
         graph = step_ms(lambda: graphed(tokens, at), calls=CALLS, settle_s=0.25)  # noqa: B023
         rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
@@ -101,11 +98,10 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
     step(tokens, at)
     compile_s = time.perf_counter() - t0
     # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records
-    # gated, as eager: CUDA Graph Trees' replay runs Python around the graph, and at 15
-    # repeats its time spread ±13 % in one run
-    ms = gated_ms(lambda: step(tokens, at), calls=EAGER_CALLS, warmup=CALLS, settle_s=0.25,
-                  repeats=EAGER_REPEATS, max_repeats=EAGER_MAX_REPEATS,
-                  name="reduce-overhead")  # fmt: skip
+    # the fastest third, as eager: CUDA Graph Trees' replay runs Python around the graph, and
+    # at 15 repeats its time spread ±13 % in one run (eager's, taken so, ±1-2 %)
+    ms = step_ms(lambda: step(tokens, at), calls=EAGER_CALLS, warmup=CALLS, settle_s=0.25,
+                 repeats=EAGER_REPEATS, fastest=True)  # fmt: skip
     return {"compile_ms": ms, "compile_s": compile_s,
             "cudagraph_skipped": counters["cudagraph_skips"] > skips}  # fmt: skip
 
@@ -114,10 +110,10 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
 
 
 # --8<-- [start:train]
-def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, host_bound: bool) -> dict:
+def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, fastest: bool) -> dict:
     """One training step (forward, backward, fused AdamW) eager and as a replayed graph, each
-    step waited for, `calls` steps per repeat; eager gated where it is bound by the CPU
-    (`host_bound`), as the eager decode step."""
+    step waited for, `calls` steps per repeat; eager by the fastest third where it is bound by
+    the CPU (`fastest`), as the eager decode step."""
     model = build(cfg, dtype).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
@@ -127,11 +123,7 @@ def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, host_bound: b
         model(ids, labels=ids).backward()
         opt.step()
 
-    if host_bound:
-        eager_ms = gated_ms(eager, calls=calls, repeats=EAGER_REPEATS,
-                            max_repeats=EAGER_MAX_REPEATS, name="eager train step")  # fmt: skip
-    else:
-        eager_ms = step_ms(eager, calls=calls)
+    eager_ms = step_ms(eager, calls=calls, fastest=fastest)
     graph, _ = captured_train_step(model, opt, ids)
     graph_ms = step_ms(graph.replay, calls=calls, settle_s=0.25)
     return {"eager_ms": eager_ms, "graph_ms": graph_ms, "speedup": eager_ms / graph_ms}

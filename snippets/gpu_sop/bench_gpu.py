@@ -46,10 +46,6 @@ CPU time, the timing thread's CPU/wall ratio and a fixed Python loop's CPU time 
 after (a slower core shows there, not in the other two). Steal calls for a clock of the
 thread's CPU time (where the guest kernel subtracts steal from it); a slower core for more,
 interleaved repeats, or a timing relative to the loop.
-The seventh (ff38baa), 50.7 s: steal 0 and CPU/wall 0.94-1.00 over all three, while the loop
-took 6.3-6.5 ms or 11.0-12.7 ms from one side of a timing to the other: a slower core. pageable
-spread ±8.5 % in its fastest third. The host-bound timings are now gated (host.gated_ms):
-7 repeats that a probe before and after shows at the host's full speed, at most 30.
 """
 
 import os
@@ -57,8 +53,7 @@ import tempfile
 
 import torch
 
-from snippets.common.bench import graph_ms, python_ms
-from snippets.common.host import GATED, gated_ms
+from snippets.common.bench import graph_ms, python_ms, step_ms
 from snippets.common.results import write_result
 from snippets.gpu_sop.analyzers import THRESHOLD, diagnose, missing_fields, named
 from snippets.gpu_sop.programs import (
@@ -134,11 +129,10 @@ def loop_ms(name, calls=8):  # ms per step of a loop, seen from Python (no sync 
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
 
 
-def host_bound_ms(name, calls=4):  # a CPU-bound step: 7 repeats at the host's full speed
+def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest third of 15 repeats
     with host_watch({"timing": name}) as state:
-        stat = gated_ms(lambda: progs[name](1), calls=calls, repeats=7, max_repeats=30,
-                        settle_s=0.3, name=name)  # fmt: skip
-    host.append(state | GATED[-1])
+        stat = step_ms(lambda: progs[name](1), calls=calls, repeats=5, settle_s=0.3, fastest=True)
+    host.append(state)
     return stat
 
 

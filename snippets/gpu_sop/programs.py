@@ -359,18 +359,30 @@ def _proc_stat() -> tuple[int, int] | None:
     return fields[7], sum(fields) - fields[3] - fields[4]
 
 
+def python_loop_ms(n: int = 200_000) -> float:
+    """A fixed pure-Python loop, timed in this thread's CPU time: how fast the host runs
+    Python right now (a slower core, a busy sibling thread, a lower clock all show here)."""
+    t0 = time.thread_time()
+    total = 0
+    for i in range(n):
+        total += i
+    return (time.thread_time() - t0) * 1e3
+
+
 @contextmanager
 def host_watch(out: dict):
     """Fill `out` with the host's state over the block: `steal`, the share of the CPUs' busy
-    time the hypervisor ran something else instead (None where /proc/stat is unreadable), and
+    time the hypervisor ran something else instead (None where /proc/stat is unreadable);
     `cpu_over_wall`, this thread's CPU time over the wall time (below 1: descheduled, blocked,
     or, where the guest kernel accounts steal, stolen; CUDA's default spinning synchronize
-    counts as CPU time)."""
+    counts as CPU time); and the fixed Python loop's time before and after."""
+    out["loop_ms_before"] = python_loop_ms()
     s0, w0, c0 = _proc_stat(), time.perf_counter(), time.thread_time()
     yield out
     s1, w1, c1 = _proc_stat(), time.perf_counter(), time.thread_time()
     out["steal"] = (s1[0] - s0[0]) / max(1, s1[1] - s0[1]) if s0 and s1 else None
     out["cpu_over_wall"] = (c1 - c0) / max(w1 - w0, 1e-9)
+    out["loop_ms_after"] = python_loop_ms()
 
 
 # --8<-- [end:host]

@@ -149,24 +149,22 @@ def test_compiled_latency_with_a_stand_in_timer(monkeypatch):
     it loads the graph from its cache, so the flag is only checked to be a bool here.)"""
     seen = []
 
-    def stand_in(fn, *, calls, warmup=3, settle_s=1.0, repeats=5, max_repeats=60, name=""):
-        seen.append((calls, warmup, settle_s, repeats, max_repeats))
+    def stand_in(fn, *, calls, warmup=3, settle_s=1.0, repeats=15, fastest=False):
+        seen.append((calls, warmup, settle_s, repeats, fastest))
         fn()
         fn()
-        return Stat.of([1.0] * 7, "python-gated")
+        return Stat.of([1.0] * 7, "python")
 
-    monkeypatch.setattr(measure, "gated_ms", stand_in)
+    monkeypatch.setattr(measure, "step_ms", stand_in)
     torch._dynamo.reset()
     try:
         out = measure.compiled_latency(TINY, 2, torch.float32, max_len=16, pos=5, device="cpu")
     finally:
         torch._dynamo.reset()
     assert set(out) == {"compile_ms", "compile_s", "cudagraph_skipped"}
-    assert out["compile_ms"] == Stat.of([1.0] * 7, "python-gated") and out["compile_s"] > 0
+    assert out["compile_ms"] == Stat.of([1.0] * 7, "python") and out["compile_s"] > 0
     assert isinstance(out["cudagraph_skipped"], bool)
-    eager = (measure.EAGER_CALLS, measure.CALLS, 0.25, measure.EAGER_REPEATS,
-             measure.EAGER_MAX_REPEATS)  # fmt: skip
-    assert seen == [eager]
+    assert seen == [(measure.EAGER_CALLS, measure.CALLS, 0.25, measure.EAGER_REPEATS, True)]
 
 
 # GPU ---------------------------------------------------------------------------------------

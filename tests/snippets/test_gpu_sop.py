@@ -429,3 +429,4 @@ def test_host_watch_tells_a_busy_thread_from_a_waiting_one():
     assert busy["cpu_over_wall"] > 0.5 > 0.2 > waiting["cpu_over_wall"]
     for state in (busy, waiting):
         assert state["steal"] is None or 0.0 <= state["steal"] <= 1.0
+        assert state["loop_ms_before"] > 0 and state["loop_ms_after"] > 0
