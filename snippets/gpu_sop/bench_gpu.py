@@ -46,6 +46,11 @@ CPU time, the timing thread's CPU/wall ratio and a fixed Python loop's CPU time 
 after (a slower core shows there, not in the other two). Steal calls for a clock of the
 thread's CPU time (where the guest kernel subtracts steal from it); a slower core for more,
 interleaved repeats, or a timing relative to the loop.
+The seventh (ff38baa), 50.7 s: steal 0 and CPU/wall 0.94-1.00 over all three, while the loop
+took 6.3-6.5 ms or 11.0-12.7 ms from one side of a timing to the other: a slower core. launch
+±1.5 % and recompile ±3 % by their fastest 5 of 15; pageable ±8.5 %, set by one fast repeat.
+The eighth (91f3e2a) gated each repeat on a 2 ms Python probe within 3 % of the fastest: the
+probes ranged 1.99-2.71 ms and no pageable repeat passed. Now the fastest 7 of 21 (+~1 s).
 """
 
 import os
@@ -129,9 +134,11 @@ def loop_ms(name, calls=8):  # ms per step of a loop, seen from Python (no sync 
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
 
 
-def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest third of 15 repeats
+def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest 7 of 21 repeats, whose range
+    # leaves out the fastest and the slowest of the 7 (Stat.of): in the seventh run pageable's
+    # fastest 5 of 15 were 12.27 and four at 13.4 ms, one fast repeat setting a ±8.5 % range
     with host_watch({"timing": name}) as state:
-        stat = step_ms(lambda: progs[name](1), calls=calls, repeats=5, settle_s=0.3, fastest=True)
+        stat = step_ms(lambda: progs[name](1), calls=calls, repeats=7, settle_s=0.3, fastest=True)
     host.append(state)
     return stat
 
@@ -150,8 +157,9 @@ times["launch_fixed"] = loop_ms("launch_fixed")
 times["small"] = loop_ms("small")
 times["small_fixed"] = loop_ms("small_fixed")
 # recompile: the fastest third of 15 repeats of 3 steps spread ±0.9 % in the fourth run and
-# ±6.0 % in the fifth (73-79 ms): 5 steps a repeat (+2.2 s)
-times["recompile"] = host_bound_ms("recompile", calls=5)
+# ±6.0 % in the fifth (73-79 ms), of 5 steps ±3 % in the seventh: 4 steps a repeat, 21 repeats
+# (~5.5 s at 66 ms a step, against 5.0 s for 15 x 5)
+times["recompile"] = host_bound_ms("recompile", calls=4)
 # the fix is GPU-bound (a ~3 ms matmul pair a step, compiled once): timed as the other
 # GPU-bound loops, not step by step (5.7 % and 8.1 % spread that way; -0.9 s)
 times["recompile_fixed"] = loop_ms("recompile_fixed")
