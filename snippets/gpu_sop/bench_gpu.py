@@ -51,6 +51,14 @@ took 6.3-6.5 ms or 11.0-12.7 ms from one side of a timing to the other: a slower
 ±1.5 % and recompile ±3 % by their fastest 5 of 15; pageable ±8.5 %, set by one fast repeat.
 The eighth (91f3e2a) gated each repeat on a 2 ms Python probe within 3 % of the fastest: the
 probes ranged 1.99-2.71 ms and no pageable repeat passed. Now the fastest 7 of 21 (+~1 s).
+The ninth (c6535b5), 59.2 s on a slow host (the loop at 10.2-12.3 ms throughout; the run's
+ceilings 15.1 s against 8.9): pageable ±0.5 %, recompile ±4.5 %, but launch ±7.3 % (0.78-0.85
+ms in its fastest 7 of 21), and the healthy loop's data share 0.173, over THRESHOLD: on a slow
+host its ~1 ms of prep plus the traced launches of a step (~4.7 ms, from 3.9 / (1 - 0.173))
+outlast the ~3.9 ms of GPU work, as in the fifth run (0.151). Next: twice the GPU work a step
+(batch 32768; 128 MiB of features, so pageable 2 steps a repeat) and prep_s 2 ms: the healthy
+host at most ~5.7 ms against 7.8 ms of GPU; sync's share ~(2 + 0.3) / 10.1 = 0.23 on a fast
+host. The budget is the other limit: +~2 s of loops at 7.8 ms a step.
 """
 
 import os
