@@ -90,9 +90,11 @@ def compare(run_a: Path, run_b: Path, with_rejected: bool = False) -> tuple[list
                              f"{pa.get('date', '?')[:10]}): not compared")  # fmt: skip
                 continue
             if pa.get("commit") != pb.get("commit") and not (rej_a or rej_b):
+                same = ra.get("sources") == rb.get("sources")  # the code that measured
                 notes.append(
                     f"{slug}/{fa.stem}: measured on two commits, "
-                    f"{str(pa.get('commit'))[:12]} and {str(pb.get('commit'))[:12]}"
+                    f"{str(pa.get('commit'))[:12]} and {str(pb.get('commit'))[:12]}, "
+                    + ("with the same sources" if same else "with DIFFERENT sources")
                 )
             for tag, rej in (("A", rej_a), ("B", rej_b)):
                 if rej:

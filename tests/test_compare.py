@@ -6,10 +6,13 @@ import json
 from tests import compare
 
 
-def record(path, values, commit="a" * 40, date="2026-12-03T10:00:00Z", kind="measured"):
+def record(path, values, commit="a" * 40, date="2026-12-03T10:00:00Z", kind="measured",
+           sources=None):  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     prov = {"commit": commit, "date": date}
-    path.write_text(json.dumps({"kind": kind, "provenance": prov, "values": values}))
+    sources = sources or {"snippets/p/bench.py": "sha256:" + "0" * 64}
+    path.write_text(json.dumps({"kind": kind, "provenance": prov, "values": values,
+                                "sources": sources}))  # fmt: skip
 
 
 def stat(median):
@@ -37,13 +40,20 @@ def test_records_neither_run_measured_are_left_out(tmp_path):
     assert compare.main([str(a), str(b)]) == 1  # nothing compared is no agreement
 
 
-def test_two_commits_are_flagged(tmp_path):
+def test_two_commits_are_flagged_with_whether_the_measuring_code_differs(tmp_path):
+    """Two commits with the same sources ran the same measuring code: a comparison of the code's
+    repeatability still; different sources are named as such."""
     a, b = tmp_path / "A" / "results", tmp_path / "B" / "results"
     record(a / "p" / "r.json", {"x": stat(1.0)})
     record(b / "p" / "r.json", {"x": stat(1.0)}, commit="b" * 40, date="later")
+    other = {"snippets/p/bench.py": "sha256:" + "1" * 64}
+    record(a / "q" / "r.json", {"x": stat(1.0)})
+    record(b / "q" / "r.json", {"x": stat(1.0)}, commit="b" * 40, date="later", sources=other)
     lines, agreed, total = compare.compare(a, b)
-    assert (agreed, total) == (1, 1)
-    assert any("measured on two commits, aaaaaaaaaaaa and bbbbbbbbbbbb" in ln for ln in lines)
+    assert (agreed, total) == (2, 2)
+    two = "measured on two commits, aaaaaaaaaaaa and bbbbbbbbbbbb, with"
+    assert any(f"p/r: {two} the same sources" in ln for ln in lines), lines
+    assert any(f"q/r: {two} DIFFERENT sources" in ln for ln in lines), lines
 
 
 def test_rejected_values_stand_in_only_when_asked(tmp_path):
