@@ -59,8 +59,25 @@ outlast the ~3.9 ms of GPU work, as in the fifth run (0.151). Next: twice the GP
 (batch 32768; 128 MiB of features, so pageable 2 steps a repeat) and prep_s 2 ms: the healthy
 host at most ~5.7 ms against 7.8 ms of GPU; sync's share ~(2 + 0.3) / 10.1 = 0.23 on a fast
 host. The budget is the other limit: +~2 s of loops at 7.8 ms a step.
+The tenth, planned: batch 32768 and prep 2 ms (programs.py's notes under Sizes: each leaf's
+share at these sizes). Its wall time against the ninth's 59.2 s on a slow host:
+  the trace: the training programs' 11 steps each (2 warm-up, 1 more in the session, 8 in
+  the range; data 7) ~3-15 ms longer a step                                          +0.4 s
+  the loops: healthy, sync, pinned, data_fixed 4 steps a repeat (63 steps of ~7.9-10.4
+  ms against 123 of 3.9-5.3), data's 33 steps of ~20 ms (15.9), pageable 2 steps of
+  ~29 ms a repeat (4 of 14.5)                                                        +0.2 s
+  the feature rings: one draw of 128 MiB and three copies (0.50 s a ring on the CPU
+  machine) instead of four draws of 64 MiB (0.65 s; four of 128 MiB took 1.73 s)     -0.3 s
+  gc.freeze() before the timings: each harness call's gc.collect() skips the heap
+  built so far (python_ms took 5.44 s in 9 calls for 3.29 s of steps: ~0.24 s a call
+  besides; 14 calls, less one collection before freezing)                            -3.1 s
+  59.2 + 0.4 + 0.2 - 0.3 - 3.1                                                      ~ 56.4 s
+on a slow host; on a fast one (the seventh's 50.7 s, +1 s of 21 repeats, collections
+~0.14 s) ~50.5 s. At 4 steps a repeat the healthy loop's first prep, hidden behind no GPU
+work, adds ~0.5 ms a step (2 ms / 4): sync's gain leans low (~10.1 / 8.4 = 1.2, not 1.3).
 """
 
+import gc
 import os
 import tempfile
 
@@ -97,8 +114,9 @@ grown = {name: fresh_result(proc, name, folder) for name, proc in fresh.items()}
 # what is left at the edges is the host's time between the range's start and the first
 # call and the last synchronize: under 0.1 ms, <= 0.025 of a 4 ms window, a quarter of
 # THRESHOLD. A healthy loop's data share: the first batch is made in the range (prep_s,
-# 1 ms), at most 1 / (8 x 3.9 ms) = 0.032. 4 steps of the data stall (15 ms each), 2 of the
-# recompiles (each step is one: the share is ~1 at any count).
+# 2 ms), at most 2 / (8 x 7.8 ms) = 0.032. 4 steps of the data stall (12 ms of prep and at
+# most ~7.8 of GPU work: <= 20 ms each), 2 of the recompiles (each step is one: the share
+# is ~1 at any count).
 STEPS = {"data": 4, "recompile": 2, "launch_fixed": 16, "small_fixed": 32, "batch": 16}
 # windows: launch_fixed 16 x 0.3 ms, small 8 x 0.49, small_fixed 32 x 0.14, batch 16 x 0.6 ms
 
@@ -151,11 +169,18 @@ def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest 7 of 21 repea
     return stat
 
 
-times = {name: loop_ms(name) for name in ("healthy", "sync", "pinned", "data_fixed")}
-# a copy from pageable memory waits for the stream, then the host copies 64 MiB through a
+# every harness call starts with a full gc.collect() (then none inside its repeats): over
+# this process's heap it took ~0.24 s a call in the ninth run (python_ms: 5.44 s in 9 calls,
+# 3.29 s of them the steps); gc.freeze() leaves the objects made so far out of every later one
+gc.collect()
+gc.freeze()
+# the training loops' steps are ~7.8-10 ms: 4 a repeat, ~30-40 ms as 8 were at 3.9-5 ms
+times = {name: loop_ms(name, calls=4) for name in ("healthy", "sync", "pinned", "data_fixed")}
+# a copy from pageable memory waits for the stream, then the host copies 128 MiB through a
 # staging buffer: each step is already synchronous and bound by the host's memcpy, whose speed
-# moved from repeat to repeat (±9 % over 15 repeats of 8 steps from Python)
-times["pageable"] = host_bound_ms("pageable")
+# moved from repeat to repeat (±9 % over 15 repeats of 8 steps from Python); 2 steps of ~29
+# ms a repeat, as 4 of 14.5 ms were in the ninth run
+times["pageable"] = host_bound_ms("pageable", calls=2)
 times["data"] = loop_ms("data", calls=2)
 # launch and recompile: the fastest 5 of 15 repeats spread ±6.9 % (0.60-0.67 ms, 4 steps a
 # repeat) and ±11.5 % (79-90 ms, 1 step a repeat) in the third H200 run: more steps a repeat,
@@ -175,6 +200,7 @@ times["batch"] = graph_ms(progs["batch"].forward, settle_ms=500.0)
 # compute-bound at the 700 W cap: 40 ms replays caught the clocks moving (one of 7 repeats
 # 13 % fast in the second H200 run); 200 ms replays (~125 forwards) average over them
 times["batch_fixed"] = graph_ms(progs["batch_fixed"].forward, settle_ms=1500.0, target_ms=200.0)
+gc.unfreeze()  # the rest of the test session collects as before
 progs.clear()  # the loaders' workers shut down here, not in a later collection
 
 

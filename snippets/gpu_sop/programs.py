@@ -27,15 +27,15 @@ MIB = 2**20
 # --8<-- [start:sizes]
 @dataclass(frozen=True)
 class Sizes:
-    batch: int = 16384  # tokens per training step
+    batch: int = 32768  # tokens per training step
     d_in: int = 512  # embedding width
-    features: int = 2048  # a batch of features instead of token ids: 64 MiB a step in bf16
-    d: int = 2048  # MLP width: 6 layers, forward + backward about 3 ms on an H200
+    features: int = 2048  # a batch of features instead of token ids: 128 MiB a step in bf16
+    d: int = 2048  # MLP width: 6 layers, forward + backward ~4.3 TFLOP, ~7.8 ms on an H200
     layers: int = 6
     vocab: int = 32768
-    prep_s: float = 1e-3  # host work per batch in a healthy loop: a third of a step
-    heavy_prep_s: float = 12e-3  # a data stall: four steps' worth per batch
-    workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, under a step
+    prep_s: float = 2e-3  # host work per batch in a healthy loop: a quarter of a step
+    heavy_prep_s: float = 12e-3  # a data stall: 1.5 steps' worth per batch
+    workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, a fifth of a step
     elems: int = 1 << 22  # launches: 4M floats, 16 MiB: ~5 µs a kernel, 64 a step (see below)
     ops: int = 64  # in-place ops per step
     big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
@@ -65,6 +65,22 @@ CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000,
 # traced host work; the decode's gemv reads 512 MiB a layer (~0.15 ms) against one traced
 # aten::mm. The pathologies keep their cause: 64 launches at ~14 µs of host each (0.89 ms
 # in run 2) still take ~3x the GPU's 0.3 ms.
+# The training step: 6 layers of 2048² (the first 512 x 2048) over 32768 tokens, forward,
+# weight gradients and input gradients but the first layer's: ~4.3 TFLOP, ~6 ms of matmuls
+# at ~700 TFLOP/s, ~7.8 ms a step with the elementwise kernels (3.9 ms measured at 16384
+# tokens). Its host side must stay the shorter one on a slow host too: the ninth H200 run's
+# host ran Python ~1.7x slower than the fast ones and took ~4.7 ms a traced step at 16384
+# tokens (3.9 / (1 - 0.173): 1 ms of prep, ~3.7 ms of traced launches), so the healthy loop
+# waited for its data (data share 0.173, launch 0.097). Now 2 ms + ~3.7 ms = ~5.7 ms of host
+# against ~7.8 ms of GPU work: the host runs ahead unless it is another 1.35x slower. With
+# steps of ~7.8 ms the leaves keep their causes:
+#   sync: the GPU idles from .item() through the next batch's prep and first launches:
+#   ~(2 + 0.3) / 10.1 = 0.23 of a step on a fast host (0.24 in the ninth run, 1 ms of prep);
+#   data: 12 ms of prep a batch; even if all of a step's GPU work overlapped it, the GPU
+#   would idle (12 - 7.8) / 12 = 0.35 of a step; data_fixed: a batch every 1.5 ms;
+#   pageable: the host stages 128 MiB a step while the GPU waits (~21 ms on the ninth run's
+#   host: its 14.5 ms steps less ~4 ms of GPU work, twice): ~0.7 of a ~29 ms step; pinned
+#   copies it on the GPU (~2.2 ms: its 5.06 ms steps less 3.95, twice), busy GPU time.
 # --8<-- [end:sizes]
 
 Program = Callable[[int], object]
@@ -119,8 +135,12 @@ def token_loader(sz: Sizes, prep_s: float, workers: int, device: torch.device) -
 
 
 def feature_batches(sz: Sizes, pinned: bool, device: torch.device):
-    """Batches of features made on the host: pageable, or pinned (page-locked)."""
-    ring = [torch.randn(sz.batch, sz.features, dtype=dtype_of(device)) for _ in range(4)]
+    """Batches of features made on the host: pageable, or pinned (page-locked). A ring of 4
+    buffers, copies of one random batch: the copy's cost is its bytes, not its values, and
+    torch.randn runs on one CPU thread (drawing four 128 MiB batches took 1.7 s on the CPU
+    machine, one and three clones 0.5 s)."""
+    first = torch.randn(sz.batch, sz.features, dtype=dtype_of(device))
+    ring = [first] + [first.clone() for _ in range(3)]
     return itertools.cycle([t.pin_memory() for t in ring] if pinned else ring)
 
 

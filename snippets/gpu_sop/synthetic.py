@@ -126,27 +126,27 @@ class Sim:
 
 # --8<-- [start:programs]
 MM = "aten::mm"
-D, ROWS = 2048, 16384  # the training step's width and tokens per step, as in programs.py
+D, ROWS = 2048, 32768  # the training step's width and tokens per step, as in programs.py
 
 
 def train_step(s: Sim, layers: int = 6) -> None:
-    """Forward and backward of the 6-layer MLP: 17 matmuls of ~170 µs and 20 elementwise
-    kernels of ~10 µs on the GPU (about 3 ms), ~8 µs of host time per launch."""
+    """Forward and backward of the 6-layer MLP: 17 matmuls of ~340 µs and 20 elementwise
+    kernels of ~20 µs on the GPU (about 6 ms), ~8 µs of host time per launch."""
     mm, act = (MM, [[ROWS, D], [D, D]], [BF16, BF16]), ROWS * D * 2
     gemm = {"grid": (128, 16, 1), "name": "sm90_gemm", "cpu_us": 8.0, "op": mm}
-    s.copy("HtoD", "Pinned", ROWS * 8, 3.0)  # the token ids
+    s.copy("HtoD", "Pinned", ROWS * 8, 6.0)  # the token ids
     for _ in range(layers):  # forward: activations allocated (cached blocks after step one)
         s.memory(act)
-        s.kernel(170.0, **gemm)
+        s.kernel(340.0, **gemm)
     for _ in range(2 * layers - 1):  # backward: two matmuls a layer but the first's input
-        s.kernel(170.0, **gemm)
+        s.kernel(340.0, **gemm)
     for _ in range(layers):
         s.memory(-act)
     for _ in range(20):
-        s.kernel(10.0, grid=(8192, 1, 1), cpu_us=8.0)
+        s.kernel(20.0, grid=(8192, 1, 1), cpu_us=8.0)
 
 
-def training(s: Sim, steps=16, prep=1000.0, loader="_SingleProcessDataLoaderIter",
+def training(s: Sim, steps=16, prep=2000.0, loader="_SingleProcessDataLoaderIter",
              read_loss=False, features=None) -> None:  # fmt: skip
     for _ in range(steps):
         with s.span(f"enumerate(DataLoader)#{loader}.__next__"):
@@ -212,10 +212,10 @@ def decode(s: Sim, batch: int, steps=8, layers=4, d=16384) -> None:
 SIMULATED = {
     "healthy": lambda s: training(s),
     "sync": lambda s: training(s, read_loss=True),
-    "data": lambda s: training(s, prep=8000.0),
+    "data": lambda s: training(s, prep=12000.0),
     "data_fixed": lambda s: training(s, prep=50.0, loader="_MultiProcessingDataLoaderIter"),
-    "pageable": lambda s: training(s, prep=0.0, features=("Pageable", 64 * MIB, 4000.0)),
-    "pinned": lambda s: training(s, prep=0.0, features=("Pinned", 64 * MIB, 1300.0)),
+    "pageable": lambda s: training(s, prep=0.0, features=("Pageable", 128 * MIB, 8000.0)),
+    "pinned": lambda s: training(s, prep=0.0, features=("Pinned", 128 * MIB, 2600.0)),
     "launch": lambda s: launch_ops(s, graphed=False),
     "launch_fixed": lambda s: launch_ops(s, graphed=True),
     "small": lambda s: small_ops(s, flat=False),
