@@ -257,6 +257,7 @@ def gpu_docs(session: nox.Session) -> None:
         models_dir = Path(tempfile.mkdtemp(prefix="handbook-models-", dir=shm))
     env["HANDBOOK_MODEL_CACHE"] = str(models_dir or run_dir / "models")
     rows, failed = [], []
+    host_start = host_loop_ms()
     # the run's practical ceilings (copy bandwidth, bf16 matmul): every post that reads them
     # reads this one measurement, so no post's wall carries it
     t0 = time.perf_counter()
@@ -321,7 +322,7 @@ def gpu_docs(session: nox.Session) -> None:
         rows.append(("(CUDA-only tests of the rest)", time.perf_counter() - t0, 0,
                      "ok" if ok else "tests failed"))  # fmt: skip
         failed += [] if ok else ["CUDA-only tests"]
-    _summary(session, rows)
+    _summary(session, rows, (host_start, host_loop_ms()))
     if verify:
         session.log(f"measured into {base} (results/ untouched)")
     if models_dir:
@@ -366,8 +367,30 @@ def _downloads_only(session, slugs, downloads, reader_path) -> None:
         session.error(f"gpu_docs: failed: {', '.join(failed)}")
 
 
-def _summary(session, rows) -> None:
+HOST_LOOP_N = 200_000  # the fixed Python loop of host_loop_ms
+# What that loop took on the H200 machine (gpu-sop's host rows, snippets/gpu_sop/bench_gpu.py):
+# 6.3-6.5 ms when the host ran at full speed, 10-12.7 ms when it did not (steal 0: the core).
+HOST_LOOP_REFERENCE = "6.3 ms on a fast H200 host, 10-12.7 ms on a slow one"
+
+
+def host_loop_ms(repeats: int = 5, n: int = HOST_LOOP_N) -> float:
+    """Median time of a fixed pure-Python loop: how fast this host runs Python now. Printed
+    with the summary, so that a post over its budget can be read against the host's speed."""
+    times = []
+    for _ in range(repeats):
+        t0, total = time.perf_counter(), 0
+        for i in range(n):
+            total += i
+        times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[repeats // 2]
+
+
+def _summary(session, rows, host: tuple[float, float] | None = None) -> None:
     session.log("gpu_docs summary:")
+    if host:
+        session.log(f"  host: a fixed Python loop ({HOST_LOOP_N:,} additions) took {host[0]:.1f} "
+                    f"ms at the start and {host[1]:.1f} ms at the end ({HOST_LOOP_REFERENCE}); "
+                    "budgets are judged as measured")  # fmt: skip
     session.log(f"  {'post':<34} {'wall s':>7} {'budget':>7} {'claims':>6}  status")
     for slug, wall, n_claims, status in rows:
         budget = (DOWNLOAD_BUDGET_S if slug.endswith("(download)") else CEILINGS_BUDGET_S

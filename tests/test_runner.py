@@ -55,3 +55,22 @@ def test_downloads_find_the_corpus_wheel_in_their_tmpdir(tmp_path):
     assert (tmp / "handbook-models" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes() == (
         b"wheel"
     )
+
+
+def test_summary_reports_the_hosts_python_speed():
+    """gpu_docs prints a fixed Python loop's time at the run's start and end beside the
+    budgets: an overrun on a slow host reads differently from one on a fast host."""
+    logged = []
+
+    class Session:
+        def log(self, msg):
+            logged.append(msg)
+
+    ms = noxfile.host_loop_ms(repeats=3, n=20_000)
+    assert 0 < ms < 1000
+    noxfile._summary(Session(), [("metrics", 32.7, 7, "ok")], (6.4, 11.0))
+    host = next(line for line in logged if "host:" in line)
+    assert "took 6.4 ms at the start and 11.0 ms at the end" in host, host
+    assert noxfile.HOST_LOOP_REFERENCE in host
+    noxfile._summary(Session(), [])  # downloads-only: no host line
+    assert sum("host:" in line for line in logged) == 1
