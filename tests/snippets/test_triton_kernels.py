@@ -440,24 +440,6 @@ def test_warm_units_call_what_the_benchmark_times():
 
 
 @cpu
-def test_warm_reports_failed_and_unrun_units(tmp_path):
-    w = kernel("warm")
-    plan = tiny_plan(("ours",))
-    todo = [("sweep", "ours", 16), ("ops", "ours", "no-such-op"), ("rows", "ours", None)]
-    (tmp_path / "claimed-2").touch()  # another worker has it
-    w.work(plan, todo, tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "claimed-0", "claimed-1", "claimed-2", "failed-1"]  # fmt: skip
-    (tmp_path / "claimed-2").unlink()  # ... and died before it could claim it
-    with pytest.warns(UserWarning) as caught:
-        done = w.finish(w.Workers([], tmp_path, todo, 0.0))
-    assert done["units"] == 3 and done["failed"] == 2
-    assert ["no-such-op" in str(c.message) for c in caught] == [True, False]
-    assert "never run" in str(caught[1].message)
-    assert not tmp_path.exists()
-
-
-@cpu
 @pytest.mark.slow  # two Python processes that import torch and the kernel files: seconds
 def test_warm_workers_run_every_unit():
     w = kernel("warm")
