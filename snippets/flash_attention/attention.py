@@ -575,28 +575,3 @@ def flash_attention(q, k, v, causal=False, scale=None, return_lse=False):
 
 
 # --8<-- [end:op]
-
-
-def _compile_kernels(dtype_name: str, head_dim: int, device: str) -> None:
-    """In a child process: one tiny forward + backward, which on the GPU compiles every kernel
-    for (dtype, head_dim) and its launcher into Triton's on-disk cache."""
-    dtype = getattr(torch, dtype_name)
-    q = torch.randn(1, 2, 64, head_dim, device=device, dtype=dtype, requires_grad=True)
-    flash_attention(q, q, q, causal=True).sum().backward()  # the mask is a runtime argument
-
-
-def compile_in_background(dtype: torch.dtype, head_dim: int, device: str = "cuda"):
-    """Compile the GPU kernels for (dtype, head_dim) in another process, into Triton's on-disk
-    cache (TRITON_CACHE_DIR, which the child inherits): this process's first call then loads
-    them (milliseconds) instead of compiling them (about a second each, launcher included).
-    Not threads: two threads compiling sm_90 kernels on a 2-core CPU took longer than one, the
-    compiles do not overlap. Returns the process, a daemon; joining it is optional."""
-    import multiprocessing
-
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_compile_kernels,
-        args=(str(dtype).removeprefix("torch."), head_dim, device),
-        daemon=True,
-    )
-    proc.start()
-    return proc

@@ -15,8 +15,7 @@ rate (TFLOP/s, forward / forward + backward, 16 K, no mask) ours 380 / 250, flas
 cuDNN 609 / 549, flex 396 / 330, efficient 200 / 140, x0.9 at 4 K, x0.75 at 1 K, x0.85 causal;
 it gives the last run's timing as 11.4 s (measured 11.0 with the profiler).
   checks         16.3 -> 11.6  the mask is a runtime argument: 4 Triton compiles, not 7
-                               (about 1.6 s each with its launcher); +0.1 s to start the
-                               process that compiles the fp16 kernels meanwhile
+                               (about 1.6 s each with its launcher)
   fp16 test       4.4 ->  0.4  its 4 kernels load from Triton's cache
   kernel_ms_each 56.8 -> 14.7
     settling     28.5 ->  2.9  settles(): 0.9 s once (under bench.POWER_MIN_S: no NVML wait,
@@ -46,6 +45,11 @@ from snippets.common.bench import _traced, kernel_ms_by, kernel_ms_each
 from snippets.common.hardware import gpu_for_device_name
 from snippets.common.results import write_result
 from snippets.flash_attention.measure import (
+    DTYPE,
+    HEAD_DIM,
+    HEADS,
+    LENGTHS,
+    TOKENS,
     breakdown,
     implementations,
     measure_tflops,
@@ -61,8 +65,8 @@ implementations, breakdown, peak_memory = (_traced(f) for f in (implementations,
                                                                  peak_memory))  # fmt: skip
 
 # --8<-- [start:run]
-TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 16, 128, torch.bfloat16  # 16 heads x 128 = hidden 2048
-LENGTHS = (4096, 8192, 16384)  # batch = TOKENS / length: 8, 4 and 2 sequences
+# TOKENS, HEADS, HEAD_DIM, DTYPE, LENGTHS come from measure.py; check.py has already compiled
+# what this runs and built cuDNN's plans for these shapes (warm.py)
 MEMORY_LENGTHS = (1024, 2048, 4096)  # naive attention's peak grows as n^2
 TIMED = ("ours", "flash", "flex", "cudnn")  # cuDNN last: the one whose clocks need settling
 gpu = gpu_for_device_name(torch.cuda.get_device_name())
@@ -73,11 +77,11 @@ if gpu is None:
 def gpu_times(fns, kinds):  # the kernels' own time (CUPTI), one profiler session, about 5 ms
     # per repeat; each callable's repeats back to back (interleave=False), one implementation
     # after another, each after the settling run settles() gives it; one warm-up call
-    # (compiles, cuDNN plans)
+    # (FlexAttention's trace, kernels loaded from the disk caches)
     return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False, settle_ms=settles(kinds))
 
 
-probe = (TOKENS // LENGTHS[-1], HEADS, LENGTHS[-1], HEAD_DIM)  # cuDNN's plans for it serve below
+probe = (TOKENS // LENGTHS[-1], HEADS, LENGTHS[-1], HEAD_DIM)  # a benchmarked shape
 impls, missing = implementations((*TIMED, "efficient"), "cuda", probe)
 untimed = [name for name in impls if name not in TIMED]  # efficient: checked, not timed
 timed = {name: impls[name] for name in TIMED if name in impls}

@@ -4,11 +4,11 @@ lengths that are not multiples of any block. bf16 on the GPU, fp32 in the CPU in
 import torch
 
 from snippets.common.device import ON_GPU
-from snippets.flash_attention.attention import compile_in_background
+from snippets.flash_attention import warm
 from snippets.flash_attention.numerics import check_attention
 
-if ON_GPU:  # the fp16 test (tests/snippets/test_flash_attention.py) finds its kernels compiled
-    compile_in_background(torch.float16, 64)
+if ON_GPU:  # what the page compiles, in worker processes side by side, and meanwhile here the
+    warm.prepare_page()  # benchmark's cuDNN plans (warm.py): the kernels below load from cache
 
 # --8<-- [start:cases]
 dtype = torch.bfloat16 if ON_GPU else torch.float32  # the CPU interpreter mangles bf16

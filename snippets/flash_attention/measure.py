@@ -1,11 +1,11 @@
-"""Benchmark functions: TFLOP/s of this post's kernels against scaled_dot_product_attention with
-each backend and FlexAttention, where the time of ours goes (kernel by kernel), and peak memory
-against naive attention.
+"""The benchmark's shapes and functions: TFLOP/s of this post's kernels against
+scaled_dot_product_attention with each backend and FlexAttention, where the time of ours goes
+(kernel by kernel), and peak memory against naive attention.
 
-Functions only: bench_gpu.py runs them on the GPU with the clocks of snippets/common/bench.py
-(kernel_ms_each, kernel_ms_by) and triton-kernels' peak_bytes_cuda, which come in as
-arguments; on the CPU they run at tiny shapes with stand-ins
-(tests/snippets/test_flash_attention.py).
+bench_gpu.py runs the functions on the GPU at these shapes with the clocks of
+snippets/common/bench.py (kernel_ms_each, kernel_ms_by) and triton-kernels' peak_bytes_cuda,
+which come in as arguments; warm.py compiles ahead at the same shapes. On the CPU the functions
+run at tiny shapes with stand-ins (tests/snippets/test_flash_attention.py).
 """
 
 import math
@@ -17,6 +17,12 @@ import torch.nn.functional as F
 from snippets.common.bench import rate
 from snippets.flash_attention.attention import flash_attention
 from snippets.flash_attention.io_model import attention_flops
+
+# --8<-- [start:shapes]
+TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 16, 128, torch.bfloat16  # 16 heads x 128 = hidden 2048
+LENGTHS = (4096, 8192, 16384)  # batch = TOKENS / length: 8, 4 and 2 sequences
+# --8<-- [end:shapes]
+
 
 # --8<-- [start:implementations]
 SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}

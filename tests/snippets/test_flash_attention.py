@@ -359,15 +359,97 @@ def test_gpu_path_compiles_for_hopper():
         assert kernel.startswith("dkdv") or found["spill_bytes"] == 0, (kernel, found)
 
 
+def test_warm_units_cover_the_page():
+    """FlexAttention at the benchmark's shapes first; one unit per kernel of ours, for the checks'
+    (and the benchmark's) bf16 at head dim 128 and the fp16 test's head dim 64, each naming a
+    kernel of attention.py; one per kernel file of the triton-kernels post that bench_gpu.py's
+    import of its meter runs."""
+    from snippets.common.results import ROOT, import_closure
+    from snippets.flash_attention import measure as m
+    from snippets.flash_attention import warm
+
+    units = warm.page_units()
+    assert units[0] == ("flex", m.LENGTHS, m.TOKENS, m.HEADS, m.HEAD_DIM, m.DTYPE)
+    kernels = [u for u in units if u[0] == "kernel"]
+    assert {(dtype, d) for _, _, dtype, d in kernels} == {("bfloat16", 128), ("float16", 64)}
+    assert len(kernels) == 8 and kernels[0][1] == "attn_bwd_dkdv_kernel"  # the longest first
+    assert all(getattr(fa, name).fn.__qualname__ == name for _, name, _, _ in kernels)
+    meter = import_closure(ROOT / "snippets/triton_kernels/measure.py")
+    files = {p.stem for p in meter if p.parent.name == "triton_kernels"}
+    kernel_files = files - {"__init__", "measure", "numerics"}
+    imported = {u[1] for u in units if u[0] == "import"}
+    assert imported == {f"snippets.triton_kernels.{m}" for m in kernel_files}
+
+
 @cpu
-@pytest.mark.slow  # a fresh interpreter imports torch and Triton: seconds
-def test_compiles_in_a_child_process():
-    """compile_in_background's child (spawned: a fresh interpreter) imports this package and
-    runs a forward + backward; on the CPU in the interpreter, which it inherits, so this checks
-    the mechanics the GPU run relies on (pickling, imports, arguments), not a cache."""
-    proc = fa.compile_in_background(torch.float32, 16, device="cpu")
-    proc.join(timeout=120)
-    assert proc.exitcode == 0
+def test_warm_compiles_one_kernel_at_a_time(monkeypatch):
+    """Triton asks the jit_cache_hook before each compile: it answers "taken care of" (True: no
+    compile, no launch) for every kernel but the unit's, and is removed afterwards."""
+    from types import SimpleNamespace
+
+    import triton
+
+    from snippets.flash_attention import warm
+
+    answers = {}
+
+    def fake(q, k, v, causal):
+        hook = triton.knobs.runtime.jit_cache_hook
+        for name in warm.KERNELS:
+            answers[name] = hook(key=None, repr="", fn=SimpleNamespace(name=name), compile={},
+                                 is_manual_warmup=False, already_compiled=False)  # fmt: skip
+        return q * 1
+
+    monkeypatch.setattr(warm, "flash_attention", fake)
+    warm.run_unit(("kernel", "attn_bwd_dq_kernel", "float32", 16))
+    assert answers == {name: name != "attn_bwd_dq_kernel" for name in warm.KERNELS}
+    assert triton.knobs.runtime.jit_cache_hook is None
+
+
+@cpu
+def test_warm_flex_unit_and_cudnn_plans_call_what_the_benchmark_times():
+    """The FlexAttention unit hands the benchmark's measure_tflops every length and mask, forward
+    and forward + backward; cudnn_plans calls cuDNN's forward and backward at each of them (a
+    stand-in here) and does nothing where cuDNN cannot run (the CPU)."""
+    from snippets.flash_attention import warm
+
+    kinds = []
+
+    def clock(fns, names):
+        kinds.extend(names)
+        return [1.0] * len(fns)
+
+    warm.run_unit(("flex", (16, 32), 64, 2, 16, torch.float32), clock=clock)
+    assert kinds == ["flex"] * 8  # 2 lengths x 2 masks, forward and forward + backward
+    calls = []
+
+    def cudnn(q, k, v, causal):
+        calls.append((q.shape[2], causal))
+        return q + k + v
+
+    assert warm.cudnn_plans((16, 32), 64, 2, 16, torch.float32, cudnn)
+    assert sorted(set(calls)) == [(16, False), (16, True), (32, False), (32, True)]
+    assert len(calls) == 8  # each case's forward, then its forward + backward
+    assert not warm.cudnn_plans((16,), 64, 2, 16, torch.float32)  # no cuDNN here: nothing
+    assert len(calls) == 8
+    with pytest.raises(ValueError, match="unknown unit"):
+        warm.run_unit(("nothing",))
+
+
+@cpu
+@pytest.mark.slow  # Python processes that import torch and Triton: seconds
+def test_warm_workers_compile_in_child_processes():
+    """The page's workers (fresh interpreters) import this package and run a kernel unit and an
+    import unit; on the CPU in the interpreter, which they inherit, so this checks the
+    mechanics the GPU run relies on (pickling, imports, arguments), not a cache."""
+    from snippets.flash_attention import warm
+
+    units = [
+        ("kernel", "attn_fwd_kernel", "float32", 16),
+        ("import", "snippets.flash_attention.io_model"),
+    ]
+    done = warm.prepare_page(units, plans=False)
+    assert done == {"units": 2, "failed": 0, "waited_s": done["waited_s"]}
 
 
 @pytest.mark.parametrize(
@@ -504,6 +586,6 @@ def test_kernels_bf16_head_dim_128(batch, q_heads, kv_heads, n, causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_kernels_fp16_head_dim_64(causal):
     """fp16 and head dim 64: four more kernels to compile, for both masks (a runtime argument).
-    check.py, the page's first GPU fence, has them compiled in another process meanwhile
-    (attention.compile_in_background): here they load from Triton's cache."""
+    check.py, the page's first GPU fence, has them compiled in worker processes (warm.py): here
+    they load from Triton's cache."""
     assert check_attention(2, 8, 2, 777, 64, causal, torch.float16, seed=13)
