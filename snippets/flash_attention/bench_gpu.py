@@ -2,41 +2,41 @@
 and cuDNN backends and FlexAttention, at 32 K tokens per call; writes results/flash-attention/
 attention.json and memory.json.
 
-Wall time of the post on one H200 (budget 60 s from a cold start), estimated from the last
-run's profile, scaled by callables and compiles. That run: 103.4 s = this file 66.8 (of which
-kernel_ms_each 56.8 = settling 28.5 + warm-up 17.4 + timing and profiler 11.0; kernel_ms_by
-1.6; the rest 8.3) + the GPU checks (check.py) 16.3 + the fp16 test 4.4 + the flex fence 3.5 +
-the Inductor test 1.4 + pytest, imports and the rest 11.1. The warm-up's 17.4 s: one call and
-one sizing call of 60 callables (2 x 1.55 s of GPU time by the model below), cuDNN's 12 plans
-(PyTorch caches one per shape and mask, forward and backward; 0.4-0.55 s each as reported in
-sgl-project/sglang#4650 and modelscope/FunASR#3704) and FlexAttention's two graphs with the rest
-(about 8 s). The model: calls of FLOP / rate with
-rate (TFLOP/s, forward / forward + backward, 16 K, no mask) ours 380 / 250, flash 349 / 323,
-cuDNN 609 / 549, flex 396 / 330, efficient 200 / 140, x0.9 at 4 K, x0.75 at 1 K, x0.85 causal;
-it gives the last run's timing as 11.4 s (measured 11.0 with the profiler).
-  checks         16.3 -> 11.6  the mask is a runtime argument: 4 Triton compiles, not 7
-                               (about 1.6 s each with its launcher)
-  fp16 test       4.4 ->  0.4  its 4 kernels load from Triton's cache
-  kernel_ms_each 56.8 -> 14.7
-    settling     28.5 ->  2.9  settles(): 0.9 s once (under bench.POWER_MIN_S: no NVML wait,
-                               which gave up after 6 s last time), 0.1 s per implementation,
-                               cuDNN 0.5 s + its 7 other callables until steady (each at least
-                               three 50 ms chunks), instead of all 60 callables
-    warm-up      17.4 ->  8.0  cuDNN 6 new plans (3.0 s; the probe built 2 of the 8),
-                               FlexAttention one graph for both masks (4.1 s, half of 8.2),
-                               2 x 0.46 s of GPU time (32 callables, 16 heads)
-    timing        11.0 -> 3.8  7 repeats x max(5 ms, a call): 3.5 s by the model, 0.3 s of
-                               profiler (a session with far fewer settling kernels)
-  kernel_ms_by    1.6 ->  0.9  half the heads
-  rest            8.3 ->  8.3  torch.compile's import, the probes (now at 16 K), peak memory,
-                               two records
-  flex fence      3.5 ->  3.5
-  Inductor test   1.4 ->  0    on the CPU only (the CPU tests cover torch.compile)
-  pytest, rest   11.1 -> 11.1
-  total         103.4 -> 50.5 s; uncertain by a few seconds (FlexAttention's compile, cuDNN's
-                               plans); a timing retried by the harness adds about 3 s
-Measured since: 46.7 s (d4df628), 57.7 s (45fbab4, forward with 3 stages). 8 K added after a
-do_bench probe put each extra length at 2.5-3.9 s of wall time (cuDNN's 4 plans, the timing).
+Wall time of the post on one H200 (budget 60 s from a cold start). Measured: 46.7 s (d4df628),
+57.7 s (45fbab4), 61.7 s (91f3e2a: 4 K, 8 K and 16 K, on a slow host). That run's profile
+(pytest's durations, the harness's trace): this file 31.3 = kernel_ms_each 20.5 (warm-up 11.8:
+cuDNN's 10 plans the probe had not built, 0.4-0.55 s each as reported in sgl-project/sglang#4650
+and modelscope/FunASR#3704, FlexAttention's compile, one call and one sizing call of 48
+callables; settling 3.7; timing and profiler 5.0) + implementations 4.3 (cuDNN's library and
+two plans, the probes) + breakdown 1.2 + peak_memory 0.3 + the rest 5.1 (by elimination mostly
+the import of triton_kernels.measure, whose kernel files run their bf16 checks: small kernels
+compiled from cold); the GPU checks (check.py) 14.2, mostly our four bf16 kernels compiled one
+after another; the flex fence 4.5 (eager FlexAttention, which Dynamo traces: nothing to warm);
+the other fences and tests 6.9; outside pytest's timer 4.8. Now, with 1 K and 2 K (a do_bench
+probe put each extra length at 2.5-3.9 s: cuDNN's 4 plans, 16 more callables to settle and
+time), estimated on the same slow host:
+  check.py       14.2 -> ~14   warm.prepare_page: 13 workers start at once (~4 s each: Python,
+                               torch, Triton, CUDA); the longest unit, FlexAttention at the 10
+                               shapes on one compile thread, ~7-8 s more; our 8 kernels and the
+                               4 triton-kernels files ~1.5-3 s each. Meanwhile here: CUDA's
+                               start (~1 s), cuDNN's library (~3 s) and all 20 plans (~9 s);
+                               then the checks, their kernels from the cache (~1 s)
+  flex fence      4.5 ->  4.5
+  this file      31.3 -> ~21
+    import, etc.  5.1 -> ~1.5  triton-kernels' kernels load from the cache; the records
+    probes        4.3 -> ~0.6  cuDNN loaded, its plans built: the runs' GPU time
+    warm-up      11.8 -> ~5.4  no plan to build; FlexAttention traced by Dynamo, its graphs from
+                               Inductor's caches (~2 s); one call and one sizing call of 80
+                               callables (~1.6 s of GPU time); block masks and the rest (~1.8 s)
+    settling      3.7 -> ~5.2  20 cuDNN callables settle until steady (~0.18 s each), not 12
+    timing        5.0 -> ~6.5  32 more callables, all short (1 K, 2 K: 7 repeats of ~5 ms)
+    the rest      1.5 ->  1.5  breakdown, peak memory, records
+  other tests     6.9 ->  6.9  the fp16 test's kernels from the cache, as before
+  outside pytest  4.8 ->  4.8
+  total          61.7 -> ~51 s, 9 s under the budget; about 48-56 s by the ranges above (the
+                               workers' start, FlexAttention's compile on one thread, whether
+                               the rest of 5.1 s was the triton-kernels import: if not, +3.5 s);
+                               a timing the harness retries (spread over 5 %) adds about 3 s
 """
 
 import torch

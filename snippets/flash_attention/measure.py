@@ -20,7 +20,7 @@ from snippets.flash_attention.io_model import attention_flops
 
 # --8<-- [start:shapes]
 TOKENS, HEADS, HEAD_DIM, DTYPE = 32768, 16, 128, torch.bfloat16  # 16 heads x 128 = hidden 2048
-LENGTHS = (4096, 8192, 16384)  # batch = TOKENS / length: 8, 4 and 2 sequences
+LENGTHS = (1024, 2048, 4096, 8192, 16384)  # batch = TOKENS / length: 32, 16, 8, 4, 2 sequences
 # --8<-- [end:shapes]
 
 
