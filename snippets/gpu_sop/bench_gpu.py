@@ -77,8 +77,9 @@ on a slow host; on a fast one (the seventh's 50.7 s, +1 s of 21 repeats, collect
 work, adds ~0.5 ms a step (2 ms / 4): sync's gain leans low (~10.1 / 8.4 = 1.2, not 1.3).
 The tenth (1b1c2b0), 55.7 s on a slow host (the loop at 11.7-12.9 ms): the confusion matrix
 on its diagonal, the healthy loop's data share 0.045; launch ±0.6 %, pageable ±0.7 %,
-recompile ±1.9 %, but recompile_fixed ±11.0 %: the fast phase after idle (below). Now its
-settling is 1.5 s (+1.2 s, ~57 s on a slow host).
+recompile ±1.9 %, but recompile_fixed ±11.0 %. The eleventh (e0ce1a6, settling it 1.5 s),
+50.5 s: recompile_fixed ±9.0 %, the rest within ±2 %. Now 7 repeats of 64 steps (below;
++1.1 s: ~57 s on a slow host).
 """
 
 import gc
@@ -156,9 +157,9 @@ def settled(run, seconds=0.3):
             return run
 
 
-def loop_ms(name, calls=8, settle_s=0.3):  # ms per step of a loop, seen from Python (no sync
-    run = settled(progs[name], settle_s)  # between steps)
-    return python_ms(lambda: run(1), calls=calls)
+def loop_ms(name, calls=8, repeats=15):  # ms per step of a loop, seen from Python (no sync
+    run = settled(progs[name])  # between steps)
+    return python_ms(lambda: run(1), calls=calls, repeats=repeats)
 
 
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
@@ -199,10 +200,12 @@ times["small_fixed"] = loop_ms("small_fixed")
 times["recompile"] = host_bound_ms("recompile", calls=4)
 # the fix is GPU-bound (a ~3 ms matmul pair a step, compiled once): timed as the other
 # GPU-bound loops, not step by step (5.7 % and 8.1 % spread that way; -0.9 s). It follows
-# ~5 s of recompiles with the GPU nearly idle: after idle the matmuls run ~15 % fast for about
-# a second before the power cap holds (bench._settle); in the tenth run 5 of 15 repeats
-# took 2.85-2.87 ms and the rest 3.22-3.25 (±11 %) after 0.3 s of settling: 1.5 s (+1.2 s)
-times["recompile_fixed"] = loop_ms("recompile_fixed", settle_s=1.5)
+# ~5 s of recompiles with the GPU nearly idle. Two modes a repeat apart: 5 of 15 repeats of 8
+# steps took 2.85-2.87 ms and the rest 3.22-3.25 (±11 %) after 0.3 s of settling (tenth run),
+# 2.98-3.08 against 3.39-3.47 (±9 %) after 1.5 s (eleventh): not the fast phase after idle
+# but the clocks moving under the 700 W cap, which ~26 ms repeats catch (batch_fixed's 40 ms
+# replays did the same). 7 repeats of 64 steps (~210 ms each) average over it (+1.1 s)
+times["recompile_fixed"] = loop_ms("recompile_fixed", calls=64, repeats=7)
 times["batch"] = graph_ms(progs["batch"].forward, settle_ms=500.0)
 # compute-bound at the 700 W cap: 40 ms replays caught the clocks moving (one of 7 repeats
 # 13 % fast in the second H200 run); 200 ms replays (~125 forwards) average over them
