@@ -38,8 +38,8 @@ PYTHON_MARK = "†"
 PYTHON_LEGEND = f"{PYTHON_MARK} 从 Python 计时：墙钟时间，含 CPU 一侧的开销"
 FASTEST_MARK = "‡"
 FASTEST_LEGEND = (
-    f"{FASTEST_MARK} 从 Python 计时，取最快的三分之一次重复：主机 CPU 没有被别的负载拖慢时的时间，"
-    "是循环实际看到的时间的下界"
+    f"{FASTEST_MARK} 从 Python 计时，只取最快的一部分重复（几次里取几次见悬停提示）："
+    "主机 CPU 没有被拖慢时的时间，是循环实际看到的时间的下界"
 )
 CLOCK_MARKS = {"python": PYTHON_MARK, "python-fastest": FASTEST_MARK}
 OVERLAP_MARK = "≈"
@@ -88,7 +88,7 @@ def number(value, spec: str | None) -> str:
         kept = f"去掉最快、最慢各 {trim} 次后的范围" if trim else "全部重复的范围"
         repeats = f"{stat.n} 次重复"
         if stat.clock == "python-fastest":
-            repeats = f"{FASTEST_SHARE * stat.n} 次重复中最快的 {stat.n} 次"
+            repeats = f"{stat.drawn or FASTEST_SHARE * stat.n} 次重复中最快的 {stat.n} 次"
         title = f"中位数；{repeats}，{kept} {span}{clock}"
         return f'<span class="measured" title="{html.escape(title)}">{text}</span>'
     return text

@@ -259,3 +259,49 @@ def test_step_ms_fastest_keeps_the_fastest_third_of_three_times_the_repeats(monk
     assert count[0] == 15 * 4 and t.n == 5 and t.clock == "python-fastest"
     assert 2.0 <= t.lo <= t.median <= t.hi < 2.7, t  # the fast repeats only
     assert t.extremes[1] == pytest.approx(4.0)  # min and max still span every repeat
+
+
+def test_fastest_interleaved_times_every_step_round_by_round_over_the_window(monkeypatch):
+    """Two steps timed alternately on a fake clock whose host is slow (2x) for 2 s of every
+    3 s: each keeps its 7 fastest repeats, all from the fast phase; the window (10 s) sets the
+    rounds, each step the same number; the Stats say how many repeats they were drawn from."""
+    from snippets.common import hostbound
+
+    monkeypatch.setattr(hostbound.torch.cuda, "synchronize", lambda: None)
+    clock, order = [0.0], []
+    monkeypatch.setattr(hostbound.time, "perf_counter", lambda: clock[0])
+
+    def step(name, ms):
+        def fn():
+            order.append(name)
+            slow = clock[0] % 3.0 >= 1.0
+            clock[0] += ms / 1e3 * (2 if slow else 1)
+
+        return fn
+
+    out = hostbound.fastest_interleaved(
+        {"a": (step("a", 20.0), 2), "b": (step("b", 5.0), 4)}, seconds=10.0, keep=7, warmup=1
+    )
+    assert order[:2] == ["a", "b"] and order[2:8] == ["a", "a", "b", "b", "b", "b"]
+    a, b = out["a"], out["b"]
+    assert a.drawn == b.drawn and a.drawn >= 21 and clock[0] >= 10.0
+    assert (a.n, a.clock, b.n) == (7, "python-fastest", 7)
+    assert a.hi == pytest.approx(20.0) and b.hi == pytest.approx(5.0)  # the fast phase only
+    assert a.extremes[1] == pytest.approx(40.0)  # the slow phase was timed, and left out
+
+
+def test_fastest_interleaved_runs_enough_rounds_past_a_short_window(monkeypatch):
+    """A step so slow that the window ends first still gets 3 x keep repeats."""
+    from snippets.common import hostbound
+
+    monkeypatch.setattr(hostbound.torch.cuda, "synchronize", lambda: None)
+    clock = [0.0]
+    monkeypatch.setattr(hostbound.time, "perf_counter", lambda: clock[0])
+
+    def slow():
+        clock[0] += 1.0
+
+    out = hostbound.fastest_interleaved({"s": (slow, 1)}, seconds=2.0, keep=5, warmup=0)
+    assert out["s"].drawn == 15 and out["s"].median == pytest.approx(1000.0)
+    with pytest.raises(ValueError, match="no steps"):
+        hostbound.fastest_interleaved({})

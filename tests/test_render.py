@@ -64,10 +64,13 @@ def test_fastest_third_gets_its_own_mark_legend_and_hover(hook, results):
     results = cl.Results(base=results.base, loaded={("demo", "r"): record})
     d = directive("table", "rows: rows\ncolumns: {impl: i, ms: {label: t, format: .3f}}\n")
     text = hook.table("demo", d, results, fake_page("posts/demo.md"), prov=False)
-    assert "| a\\|b | 1.005 ±2.5%‡ |" in text and "‡ 从 Python 计时，取最快的三分之一" in text
+    assert "| a\\|b | 1.005 ±2.5%‡ |" in text and "‡ 从 Python 计时，只取最快的一部分重复" in text
     assert "†" not in text
     hover = unescape(hook.number(cl.as_stat(rows[1]["ms"]), ".3f"))
-    assert "21 次重复中最快的 7 次" in hover, hover
+    assert "21 次重复中最快的 7 次" in hover, hover  # no `drawn`: a third, as before it existed
+    rows[1]["ms"]["drawn"] = 110  # fastest_interleaved: the fastest 7 of 110
+    hover = unescape(hook.number(cl.as_stat(rows[1]["ms"]), ".3f"))
+    assert "110 次重复中最快的 7 次" in hover, hover
 
 
 def test_compare_marks_overlapping_cells(hook, results):

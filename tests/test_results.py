@@ -325,6 +325,22 @@ def test_python_fastest_is_the_stat_of_the_fastest_third():
         res.Stat.of([1.0] * 14, "python-fastest")
 
 
+def test_python_fastest_can_keep_a_given_number_and_records_how_many_were_timed():
+    """keep=7 of 110 repeats: the Stat of the 7 fastest, `drawn` 110 in the record; fewer than
+    3 x keep repeats, too few kept, or keep on another clock is an error."""
+    host = [2.0] * 100 + [1.0, 1.01, 1.02, 1.03, 1.04, 1.05, 1.06, 1.5, 1.6, 1.7]
+    t = res.Stat.of(host, "python-fastest", keep=7)
+    assert (t.n, t.median, t.lo, t.hi, t.drawn) == (7, 1.03, 1.01, 1.05, 110)
+    assert t.to_json()["drawn"] == 110 and res.is_stat(t.to_json())
+    assert res.Stat.of([1.0] * 30, "python-fastest").drawn == 30  # the third: drawn too
+    with pytest.raises(ValueError, match="at least 21 repeats"):
+        res.Stat.of([1.0] * 20, "python-fastest", keep=7)
+    with pytest.raises(ValueError, match="at least 15 repeats"):
+        res.Stat.of([1.0] * 40, "python-fastest", keep=4)
+    with pytest.raises(ValueError, match="only a python-fastest timing"):
+        res.Stat.of([1.0] * 30, "python", keep=7)
+
+
 def test_stat_arithmetic_keeps_the_widest_range():
     a = res.Stat(2.0, 1.9, 2.1, 7, "gpu-graph")
     b = res.Stat(1.0, 0.95, 1.05, 5, "gpu-graph")

@@ -153,7 +153,8 @@ def lookup(values, path: str):
 def as_stat(value):
     """A recorded timing or number as a Stat (numbers as points); other values unchanged."""
     if is_stat(value):
-        return Stat(value["median"], value["lo"], value["hi"], value["n"], value.get("clock"))
+        return Stat(value["median"], value["lo"], value["hi"], value["n"], value.get("clock"),
+                    drawn=value.get("drawn"))  # fmt: skip
     if isinstance(value, int | float) and not isinstance(value, bool):
         return Stat(value, value, value, 0)
     if isinstance(value, list):

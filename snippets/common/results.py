@@ -75,8 +75,9 @@ class Stat:
     quantiles. The fastest and slowest repeats are kept too (`min`, `max`).
 
     Clock "python-fastest" (bench.step_ms(fastest=True)): median and range of the fastest
-    1/FASTEST_SHARE of the repeats, `n` of them; min and max still span them all. It is the
-    time of CPU-bound code on the host at its own speed, a lower bound of what a loop sees.
+    1/FASTEST_SHARE of the repeats, `n` of them (or the fastest `keep`; `drawn` records how
+    many repeats were timed); min and max still span them all. It is the time of
+    CPU-bound code on the host at its own speed, a lower bound of what a loop sees.
 
     Arithmetic between Stats (and numbers) is interval arithmetic on (lo, hi), with the median
     computed from the medians: a speed-up eager / graph keeps the widest range the two allow.
@@ -90,24 +91,31 @@ class Stat:
     clock: str | None = None
     derived: bool = field(default=False, compare=False)
     extremes: tuple[float, float] | None = field(default=None, compare=False)  # all repeats
+    drawn: int | None = field(default=None, compare=False)  # python-fastest: repeats timed
 
     @classmethod
-    def of(cls, samples, clock: str) -> Stat:
+    def of(cls, samples, clock: str, keep: int | None = None) -> Stat:
+        """The Stat of timed repeats; python-fastest keeps the fastest `keep` (by default
+        1/FASTEST_SHARE of them), at least MIN_REPEATS, drawn from FASTEST_SHARE times as many
+        or more."""
         xs = sorted(float(x) for x in samples)
         if len(xs) < MIN_REPEATS:
             raise ValueError(f"a timing needs at least {MIN_REPEATS} repeats, got {len(xs)}")
         if clock not in CLOCKS:
             raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
-        extremes = (xs[0], xs[-1])
+        extremes, drawn = (xs[0], xs[-1]), None
         if clock == "python-fastest":
-            xs = xs[: len(xs) // FASTEST_SHARE]
-            if len(xs) < MIN_REPEATS:
+            drawn, keep = len(xs), keep or len(xs) // FASTEST_SHARE
+            if keep < MIN_REPEATS or drawn < FASTEST_SHARE * keep:
                 raise ValueError(f"a python-fastest timing needs at least "
-                                 f"{FASTEST_SHARE * MIN_REPEATS} repeats")  # fmt: skip
+                                 f"{FASTEST_SHARE * max(keep, MIN_REPEATS)} repeats")  # fmt: skip
+            xs = xs[:keep]
+        elif keep is not None:
+            raise ValueError("keep: only a python-fastest timing keeps the fastest repeats")
         mid = len(xs) // 2
         median = xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
         trim = len(xs) // 6 if len(xs) >= TRIM_FROM else 0  # disturbed repeats set no range
-        return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=extremes)
+        return cls(median, xs[trim], xs[-1 - trim], len(xs), clock, extremes=extremes, drawn=drawn)
 
     @property
     def spread(self) -> float:
@@ -159,6 +167,7 @@ class Stat:
     def to_json(self) -> dict:
         out = {"median": self.median, "lo": self.lo, "hi": self.hi, "n": self.n}
         out |= {"clock": self.clock} if self.clock else {}
+        out |= {"drawn": self.drawn} if self.drawn else {}
         return out | ({"min": self.extremes[0], "max": self.extremes[1]} if self.extremes else {})
 
 
@@ -166,7 +175,7 @@ STAT_KEYS = {"median", "lo", "hi", "n"}
 
 
 def is_stat(value) -> bool:
-    optional = {"clock", "min", "max"}
+    optional = {"clock", "min", "max", "drawn"}
     return isinstance(value, dict) and STAT_KEYS <= set(value) <= STAT_KEYS | optional
 
 
