@@ -1,9 +1,11 @@
 """Timing decode steps and training steps: eager, CUDA graph, torch.compile(reduce-overhead).
 
-Every time is seen from Python, CPU overhead included: a decode step by step_ms (each step
-waited for, as a loop that reads every token; the median step of each repeat; eager, which is
-CPU-bound, by the fastest third of its repeats), a training step likewise (each step waited
-for, as a loop that reads its loss every step; the CPU-bound small one by the fastest third).
+Every time is seen from Python, CPU overhead included, each step waited for (as a loop that
+reads every token, or its loss every step). The steps that the host's speed can move -- every
+decode step, the small model's training step -- are timed together, round by round, over one
+window of seconds, each kept as the fastest of its repeats (hostbound.fastest_interleaved);
+reduce-overhead by the fastest third after it compiles (step_ms), the GPU-bound 8B-wide
+training step by all of its repeats.
 """
 
 import time
@@ -22,13 +24,11 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 4 laye
     num_attention_heads=16, num_key_value_heads=8,
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=4)  # Qwen3-8B's widths, 4 layers
-CALLS = 8  # decode steps per timed repeat, each waited for; a repeat's value: its median step
-EAGER_REPEATS, EAGER_CALLS = 15, 4  # eager: the fastest 15 of 45 repeats of 4 steps
-# (step_ms(fastest=True)); at 10 of 30 repeats of 8 steps one row spread ±12 %: the host
-# was fast for less than a third of the timing
-# eager settles 1 s, the process's first eager timing 3 s: the host was slow longer after
-# the first models were built (the first row spread ±6.7 %, the others ±1 %)
-EAGER_SETTLE_S = iter([3.0])
+# steps per timed repeat, each waited for; a repeat's value: its median step. A round of
+# the window (all of them, one repeat each) takes ~90 ms: ~110 rounds in 10 s
+DECODE_CALLS = {"eager": 2, "graph": 4}  # ~10-14 ms eager, ~4-7 ms replayed
+TRAIN_CALLS = {"small": 1, "mid": 1}  # ~17 ms / ~9 ms (small), ~85 ms (mid)
+COMPILED_CALLS, COMPILED_REPEATS = 4, 15  # reduce-overhead: the fastest 15 of 45 repeats
 # --8<-- [end:configs]
 
 
@@ -62,27 +62,27 @@ def reduce_overhead_step(model, cache: StaticCache):
     return step
 
 
-def decode_latency(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> list[dict]:
-    """Per-token latency of one decode step at context position `pos`, eager and as a
-    replayed CUDA graph (inputs copied into its static buffers included), per batch size."""
+def decode_steps(cfg, batches, dtype, max_len: int = 512, pos: int = 256) -> dict:
+    """One decode step at context position `pos` per batch size, eager and as a replayed CUDA
+    graph (inputs copied into its static buffers included): {(batch, way): (step, calls)},
+    for fastest_interleaved."""
     model = build(cfg, dtype)
     cache = random_cache(cfg, max(batches), max_len, dtype)
     graphed = GraphedDecoder(model, cache, batches)
-    rows = []
+    steps = {}
     for b in batches:
         tokens = torch.randint(0, cfg.vocab_size, (b,), device="cuda")
         at = torch.full((b,), pos, device="cuda")
         view = cache.rows(b)
-        eager = step_ms(lambda: decode_step(model, view, tokens, at), calls=EAGER_CALLS,  # noqa: B023
-                        repeats=EAGER_REPEATS, fastest=True,
-                        settle_s=next(EAGER_SETTLE_S, 1.0))  # fmt: skip
-        # a shorter settling time: a replay is mostly GPU time; still the fastest third: on a
-        # slow host 3 of 15 repeats ran 6 % slow (the input copies and the sync are host work)
-        graph = step_ms(lambda: graphed(tokens, at), calls=CALLS, settle_s=0.25,  # noqa: B023
-                        fastest=True)  # fmt: skip
-        rows.append({"batch": b, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
-                     "tokens_per_s": b / graph * 1e3})  # fmt: skip
-    return rows
+        steps[b, "eager"] = (lambda v=view, t=tokens, p=at: decode_step(model, v, t, p),
+                             DECODE_CALLS["eager"])  # fmt: skip
+        steps[b, "graph"] = (lambda t=tokens, p=at: graphed(t, p), DECODE_CALLS["graph"])
+    return steps
+
+
+def latency_row(batch: int, eager, graph) -> dict:
+    return {"batch": batch, "eager_ms": eager, "graph_ms": graph, "speedup": eager / graph,
+            "tokens_per_s": batch / graph * 1e3}  # fmt: skip
 
 
 def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
@@ -99,11 +99,11 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
     t0 = time.perf_counter()
     step(tokens, at)
     compile_s = time.perf_counter() - t0
-    # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records
-    # the fastest third, as eager: CUDA Graph Trees' replay runs Python around the graph, and
-    # at 15 repeats its time spread ±13 % in one run (eager's, taken so, ±1-2 %)
-    ms = step_ms(lambda: step(tokens, at), calls=EAGER_CALLS, warmup=CALLS, settle_s=0.25,
-                 repeats=EAGER_REPEATS, fastest=True)  # fmt: skip
+    # the warm-up covers CUDA Graph Trees' own warm-up call and the call that records; the
+    # fastest third: its replay runs Python around the graph, and at 15 repeats its time
+    # spread ±13 % in one run (its fastest third of 45, ±0.3-0.5 % in four runs)
+    ms = step_ms(lambda: step(tokens, at), calls=COMPILED_CALLS, warmup=8, settle_s=0.25,
+                 repeats=COMPILED_REPEATS, fastest=True)  # fmt: skip
     return {"compile_ms": ms, "compile_s": compile_s,
             "cudagraph_skipped": counters["cudagraph_skips"] > skips}  # fmt: skip
 
@@ -112,10 +112,9 @@ def compiled_latency(cfg, batch: int, dtype, max_len: int = 512, pos: int = 256,
 
 
 # --8<-- [start:train]
-def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, fastest: bool) -> dict:
-    """One training step (forward, backward, fused AdamW) eager and as a replayed graph, each
-    step waited for, `calls` steps per repeat; eager by the fastest third where it is bound by
-    the CPU (`fastest`), as the eager decode step."""
+def train_step(cfg, batch: int, seq: int, dtype):
+    """One training step (forward, backward, fused AdamW) eager, and the same step captured as
+    a graph: (eager, graph.replay)."""
     model = build(cfg, dtype).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, capturable=True, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
@@ -125,10 +124,13 @@ def train_step_times(cfg, batch: int, seq: int, dtype, calls: int, fastest: bool
         model(ids, labels=ids).backward()
         opt.step()
 
-    eager_ms = step_ms(eager, calls=calls, fastest=fastest)
+    eager()  # the optimizer's state exists before capture
     graph, _ = captured_train_step(model, opt, ids)
-    graph_ms = step_ms(graph.replay, calls=calls, settle_s=0.25)
-    return {"eager_ms": eager_ms, "graph_ms": graph_ms, "speedup": eager_ms / graph_ms}
+    return eager, graph.replay
+
+
+def train_row(eager, graph) -> dict:
+    return {"eager_ms": eager, "graph_ms": graph, "speedup": eager / graph}
 
 
 # --8<-- [end:train]
