@@ -79,7 +79,9 @@ The tenth (1b1c2b0), 55.7 s on a slow host (the loop at 11.7-12.9 ms): the confu
 on its diagonal, the healthy loop's data share 0.045; launch ±0.6 %, pageable ±0.7 %,
 recompile ±1.9 %, but recompile_fixed ±11.0 %. The eleventh (e0ce1a6, settling it 1.5 s),
 50.5 s: recompile_fixed ±9.0 %, the rest within ±2 %. Now 7 repeats of 64 steps (below;
-+1.1 s: ~57 s on a slow host).
++1.1 s). The twelfth (d7c08b6), 54.0 s: launch ±15.0 % by its fastest 7 of 21. The three
+host-bound timings now share one window of 10 s (hostbound.fastest_interleaved), against
+~8.5 s for the three before (21 repeats each and their settling): +1.5 s, ~57 s on a slow host.
 """
 
 import gc
@@ -88,7 +90,8 @@ import tempfile
 
 import torch
 
-from snippets.common.bench import graph_ms, python_ms, step_ms
+from snippets.common.bench import graph_ms, python_ms
+from snippets.common.hostbound import fastest_interleaved
 from snippets.common.results import write_result
 from snippets.gpu_sop.analyzers import THRESHOLD, diagnose, missing_fields, named
 from snippets.gpu_sop.programs import (
@@ -165,13 +168,18 @@ def loop_ms(name, calls=8, repeats=15):  # ms per step of a loop, seen from Pyth
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
 
 
-def host_bound_ms(name, calls=4):  # a CPU-bound step: the fastest 7 of 21 repeats, whose range
-    # leaves out the fastest and the slowest of the 7 (Stat.of): in the seventh run pageable's
-    # fastest 5 of 15 were 12.27 and four at 13.4 ms, one fast repeat setting a ±8.5 % range
-    with host_watch({"timing": name}) as state:
-        stat = step_ms(lambda: progs[name](1), calls=calls, repeats=7, settle_s=0.3, fastest=True)
+HOST_BOUND = {"pageable": 2, "launch": 16, "recompile": 2}  # steps a repeat: ~50, ~13, ~160 ms
+
+
+def host_bound(calls: dict) -> dict:  # the CPU-bound steps, each the fastest 7 of its repeats
+    # taken round by round over one window of 10 s or more (hostbound.py: the host's slow
+    # phases last seconds, and any shorter window can sit in one or straddle two), the host's
+    # state over it recorded in `host`
+    with host_watch({"timing": "interleaved"}) as state:
+        stats = fastest_interleaved({name: ((lambda n=name: progs[n](1)), k)
+                                     for name, k in calls.items()})  # fmt: skip
     host.append(state)
-    return stat
+    return stats
 
 
 # every harness call starts with a full gc.collect() (then none inside its repeats): over
@@ -181,23 +189,13 @@ gc.collect()
 gc.freeze()
 # the training loops' steps are ~7.8-10 ms: 4 a repeat, ~30-40 ms as 8 were at 3.9-5 ms
 times = {name: loop_ms(name, calls=4) for name in ("healthy", "sync", "pinned", "data_fixed")}
-# a copy from pageable memory waits for the stream, then the host copies 128 MiB through a
-# staging buffer: each step is already synchronous and bound by the host's memcpy, whose speed
-# moved from repeat to repeat (±9 % over 15 repeats of 8 steps from Python); 2 steps of ~29
-# ms a repeat, as 4 of 14.5 ms were in the ninth run
-times["pageable"] = host_bound_ms("pageable", calls=2)
 times["data"] = loop_ms("data", calls=2)
-# launch and recompile: the fastest 5 of 15 repeats spread ±6.9 % (0.60-0.67 ms, 4 steps a
-# repeat) and ±11.5 % (79-90 ms, 1 step a repeat) in the third H200 run: more steps a repeat,
-# whose median rides out a slow step (launch +0.1 s, recompile +2.4 s)
-times["launch"] = host_bound_ms("launch", calls=16)
 times["launch_fixed"] = loop_ms("launch_fixed")
 times["small"] = loop_ms("small")
 times["small_fixed"] = loop_ms("small_fixed")
-# recompile: the fastest third of 15 repeats of 3 steps spread ±0.9 % in the fourth run and
-# ±6.0 % in the fifth (73-79 ms), of 5 steps ±3 % in the seventh: 4 steps a repeat, 21 repeats
-# (~5.5 s at 66 ms a step, against 5.0 s for 15 x 5)
-times["recompile"] = host_bound_ms("recompile", calls=4)
+# bound by the host: a copy from pageable memory (it waits for the stream, then the host
+# copies 128 MiB through a staging buffer), 64 launches one by one, a recompile every step
+times |= host_bound(HOST_BOUND)
 # the fix is GPU-bound (a ~3 ms matmul pair a step, compiled once): timed as the other
 # GPU-bound loops, not step by step (5.7 % and 8.1 % spread that way; -0.9 s). It follows
 # ~5 s of recompiles with the GPU nearly idle. Two modes a repeat apart: 5 of 15 repeats of 8
