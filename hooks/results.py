@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import html
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -305,7 +306,36 @@ def vega_spec(slug: str, d: cl.Directive, results: cl.Results) -> dict:
         })  # fmt: skip
     zero_axes(spec.get("encoding") or {}, data)
     legend_toggle(spec.get("encoding") or {}, layers)
-    return {**spec, "data": {"values": data}, "layer": layers}
+    return {**spec, "data": {"values": used_fields(data, [spec, layers])}, "layer": layers}
+
+
+DATUM = re.compile(r"datum(?:\.(\w+)|\[['\"]([^'\"]+)['\"]\])")
+
+
+def used_fields(data: list[dict], spec) -> list[dict]:
+    """The records with only the fields the spec can read: named anywhere in it as a string
+    (a "field", a fold's or groupby's list, a sort) or as datum.<field> in an expression, and
+    the _lo/_hi of each; a record's other columns would be page weight that no reader sees.
+    Where the spec names none of them (the data table then shows every field), all stay."""
+    names: set[str] = set()
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, str):
+            names.add(node)
+            names.update(a or b for a, b in DATUM.findall(node))
+
+    walk(spec)
+    keep = {k for r in data for k in r if k in names}
+    keep |= {f"{k}_{end}" for k in keep for end in ("lo", "hi")}
+    if not keep:
+        return data
+    return [{k: v for k, v in r.items() if k in keep} for r in data]
 
 
 LEGEND_CHANNELS = ("color", "shape", "strokeDash")  # the channels whose legend lists series

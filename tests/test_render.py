@@ -108,6 +108,23 @@ def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):
     assert json.loads(unescape(payload)) == json.loads(json.dumps(spec))
 
 
+def test_a_plot_carries_only_the_fields_its_spec_reads(hook, results):
+    """A record's columns that the spec never names stay off the page (flash-attention's two
+    plots carried 21 columns a row for the 4 they draw); a field read only by an expression
+    (datum.impl) or a fold's list stays, with the _lo/_hi of a timing it keeps."""
+    d = directive("plot", "rows: rows\nmark: point\nencoding:\n"
+                          "  x: {field: x, type: quantitative}\n"
+                          "  y: {field: ms, type: quantitative}\n")  # fmt: skip
+    rows = hook.vega_spec("demo", d, results)["data"]["values"]
+    assert rows[0] == {"x": 1.0, "ms": 1.0, "ms_lo": 0.99, "ms_hi": 1.01}
+    data = [{"a": 1, "b": 2, "b_lo": 1, "b_hi": 3, "c": 4}]
+    assert hook.used_fields(data, {"transform": [{"filter": "datum.a > 0"}]}) == [{"a": 1}]
+    assert hook.used_fields(data, [{"fold": ["b"]}, "datum['c']"]) == [
+        {"b": 2, "b_lo": 1, "b_hi": 3, "c": 4}
+    ]
+    assert hook.used_fields(data, {"mark": "point"}) == data  # names none: all stay
+
+
 def test_a_plot_has_a_text_alternative_and_its_records_as_a_table(hook, results):
     """role="img" with a description (kind, caption, axes with units, series, points) and a
     "数据表" disclosure with one row per record; the roofline's own data is not a record."""
