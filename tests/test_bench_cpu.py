@@ -290,6 +290,29 @@ def test_fastest_interleaved_times_every_step_round_by_round_over_the_window(mon
     assert a.extremes[1] == pytest.approx(40.0)  # the slow phase was timed, and left out
 
 
+def test_fastest_interleaved_takes_several_repeats_a_round_of_a_short_step(monkeypatch):
+    """(fn, calls, 3): three repeats of the short step each round, one of the long one."""
+    from snippets.common import hostbound
+
+    monkeypatch.setattr(hostbound.torch.cuda, "synchronize", lambda: None)
+    clock, order = [0.0], []
+    monkeypatch.setattr(hostbound.time, "perf_counter", lambda: clock[0])
+
+    def step(name, s):
+        def fn():
+            order.append(name)
+            clock[0] += s
+
+        return fn
+
+    out = hostbound.fastest_interleaved(
+        {"long": (step("long", 0.1), 1), "short": (step("short", 0.01), 2, 3)},
+        seconds=1.0, keep=5, warmup=0,
+    )  # fmt: skip
+    assert order[:7] == ["long"] + ["short"] * 6
+    assert out["short"].drawn == 3 * out["long"].drawn and out["long"].drawn == 15
+
+
 def test_fastest_interleaved_runs_enough_rounds_past_a_short_window(monkeypatch):
     """A step so slow that the window ends first still gets 3 x keep repeats."""
     from snippets.common import hostbound

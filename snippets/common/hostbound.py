@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable
 
 import torch
 
@@ -29,16 +28,18 @@ KEEP = 7  # the fastest 7 repeats of each timing: the statistic and its range (S
 
 
 @_traced
-def fastest_interleaved(steps: dict[str, tuple[Callable[[], object], int]], *,
-                        seconds: float = WINDOW_S, keep: int = KEEP,
+def fastest_interleaved(steps: dict[str, tuple], *, seconds: float = WINDOW_S, keep: int = KEEP,
                         warmup: int = 3) -> dict[str, Stat]:  # fmt: skip
-    """Time every step of `steps` ({name: (fn, calls)}) round by round until `seconds` have
-    passed and each has FASTEST_SHARE * keep repeats or more. A repeat: `calls` calls of fn,
-    each followed by a synchronize and timed alone; its value, the median call (ms). Returns
-    {name: Stat of its fastest `keep` repeats}."""
+    """Time every step of `steps` ({name: (fn, calls)} or (fn, calls, repeats a round)) round
+    by round until `seconds` have passed and each has FASTEST_SHARE * keep repeats or more. A
+    repeat: `calls` calls of fn, each followed by a synchronize and timed alone; its value, the
+    median call (ms). A short step next to long ones takes several repeats a round, so that its
+    repeats sample the window as densely as the host's phases need. Returns {name: Stat of its
+    fastest `keep` repeats}."""
     if not steps:
         raise ValueError("fastest_interleaved: no steps to time")
-    for fn, _ in steps.values():
+    steps = {name: (*step, 1)[:3] for name, step in steps.items()}
+    for fn, _, _ in steps.values():
         for _ in range(warmup):
             fn()
     torch.cuda.synchronize()
@@ -50,19 +51,24 @@ def fastest_interleaved(steps: dict[str, tuple[Callable[[], object], int]], *,
     try:
         rounds = 0
         while rounds < FASTEST_SHARE * keep or time.perf_counter() - t0 < seconds:
-            for name, (fn, calls) in steps.items():
-                times = []
-                for _ in range(calls):
-                    t1 = time.perf_counter()
-                    fn()
-                    torch.cuda.synchronize()
-                    times.append(time.perf_counter() - t1)
-                times.sort()
-                mid = len(times) // 2
-                median = times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2
-                samples[name].append(median * 1e3)
+            for name, (fn, calls, per_round) in steps.items():
+                for _ in range(per_round):
+                    samples[name].append(_repeat_ms(fn, calls))
             rounds += 1
     finally:
         if enabled:
             gc.enable()
     return {name: Stat.of(xs, "python-fastest", keep=keep) for name, xs in samples.items()}
+
+
+def _repeat_ms(fn, calls: int) -> float:
+    """The median of `calls` calls of fn, each followed by a synchronize and timed alone."""
+    times = []
+    for _ in range(calls):
+        t1 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t1)
+    times.sort()
+    mid = len(times) // 2
+    return (times[mid] if len(times) % 2 else (times[mid - 1] + times[mid]) / 2) * 1e3

@@ -82,6 +82,9 @@ recompile ±1.9 %, but recompile_fixed ±11.0 %. The eleventh (e0ce1a6, settling
 +1.1 s). The twelfth (d7c08b6), 54.0 s: launch ±15.0 % by its fastest 7 of 21. The three
 host-bound timings now share one window of 10 s (hostbound.fastest_interleaved), against
 ~8.5 s for the three before (21 repeats each and their settling): +1.5 s, ~57 s on a slow host.
+The thirteenth (4976e44), 59.3 s on a slow host (the loop at 13-15 ms): recompile ±3 %,
+pageable ±2.8 %, but launch ±13.8 %: one ~13 ms repeat in each ~300 ms round (34 rounds). Now
+6 repeats a round (+0.4 s), recompile 1 step a repeat (~44 rounds).
 """
 
 import gc
@@ -168,7 +171,11 @@ def loop_ms(name, calls=8, repeats=15):  # ms per step of a loop, seen from Pyth
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
 
 
-HOST_BOUND = {"pageable": 2, "launch": 16, "recompile": 2}  # steps a repeat: ~50, ~13, ~160 ms
+# (steps a repeat, repeats a round): ~56 ms, 6 x ~13 ms, ~95 ms a round (on a slow host).
+# launch took one ~13 ms repeat a round in the thirteenth run (4976e44): 34 rounds of ~300
+# ms, and its fastest 7 spread ±13.8 %; the recordings behind hostbound.py sampled a step
+# every ~45 ms
+HOST_BOUND = {"pageable": (2, 1), "launch": (16, 6), "recompile": (1, 1)}
 
 
 def host_bound(calls: dict) -> dict:  # the CPU-bound steps, each the fastest 7 of its repeats
@@ -176,7 +183,7 @@ def host_bound(calls: dict) -> dict:  # the CPU-bound steps, each the fastest 7 
     # phases last seconds, and any shorter window can sit in one or straddle two), the host's
     # state over it recorded in `host`
     with host_watch({"timing": "interleaved"}) as state:
-        stats = fastest_interleaved({name: ((lambda n=name: progs[n](1)), k)
+        stats = fastest_interleaved({name: ((lambda n=name: progs[n](1)), *k)
                                      for name, k in calls.items()})  # fmt: skip
     host.append(state)
     return stats
