@@ -378,8 +378,8 @@ def test_gpu_path_compiles_for_hopper():
 def test_warm_units_cover_the_page():
     """FlexAttention at the benchmark's shapes first; one unit per kernel of ours, for the checks'
     (and the benchmark's) bf16 at head dim 128 and the fp16 test's head dim 64, each naming a
-    kernel of attention.py; one per kernel file of the triton-kernels post that bench_gpu.py's
-    import of its meter runs."""
+    kernel of attention.py; the FP8 kernel with a bf16 output; one per kernel file of the
+    triton-kernels post that bench_gpu.py's import of its meter runs."""
     from snippets.common.results import ROOT, import_closure
     from snippets.flash_attention import measure as m
     from snippets.flash_attention import warm
@@ -390,6 +390,7 @@ def test_warm_units_cover_the_page():
     assert {(dtype, d) for _, _, dtype, d in kernels} == {("bfloat16", 128), ("float16", 64)}
     assert len(kernels) == 8 and kernels[0][1] == "attn_bwd_dkdv_kernel"  # the longest first
     assert all(getattr(fa, name).fn.__qualname__ == name for _, name, _, _ in kernels)
+    assert [u for u in units if u[0] == "fp8"] == [("fp8", "bfloat16")]  # the page's FP8 dtype
     meter = import_closure(ROOT / "snippets/triton_kernels/measure.py")
     files = {p.stem for p in meter if p.parent.name == "triton_kernels"}
     kernel_files = files - {"__init__", "measure", "numerics"}
@@ -659,6 +660,30 @@ def test_fp8_bound_is_not_vacuous():
     assert not within({"o": f8.fp8_reference(sink, shift=0)}, {"o": exact}, {"o": bound})
 
 
+@cpu
+def test_fp8_errors_and_measurement_run_at_tiny_shapes():
+    """measure_fp8 on the CPU (fp32 for bf16, interpreter, a stand-in clock): the three callables
+    in the clock's order, section 3.1's FLOP count, each peak its own dtype's; the errors of the
+    four variants against fp64 (fp32 ours is exact to rounding, every FP8 variant far from it)."""
+    from snippets.flash_attention import measure as m
+
+    calls = []
+    res = m.measure_fp8(32, 64, 2, 128, DEVICE, torch.float32, stand_in_each(calls),
+                        {"bf16": 100.0, "fp8": 200.0}, rows=16)  # fmt: skip
+    assert [kind for kind, _ in calls] == ["bf16", "fp8", "quantize"]
+    assert isinstance(calls[2][1], f8.Fp8Qkv) and calls[1][1].shape == (2, 2, 32, 128)
+    flops = 4 * 32**2 * 128 * 2 * 2  # 4 n^2 d x heads x batch
+    bf16, fp8 = res["timings"]
+    assert bf16["tflops"].median == fp8["tflops"].median == flops / 1e-3 / 1e12
+    assert fp8["of_peak"].median == pytest.approx(bf16["of_peak"].median / 2)  # twice the peak
+    assert res["speedup"].median == 1 and res["quantize_ms"].median == 1
+    errors = {r["variant"]: r["rel_error"] for r in res["errors"]}
+    assert list(errors) == ["bf16", "fp8_tensor", "fp8_block", "fp8_block_hadamard"]
+    assert errors["bf16"] < 1e-5 < 1e-3 < min(list(errors.values())[1:]) < 0.2
+    assert res["gain_vs_tensor"] == errors["fp8_tensor"] / errors["fp8_block_hadamard"]
+    assert res["gain_of_rotation"] == errors["fp8_block"] / errors["fp8_block_hadamard"]
+
+
 def test_outlier_inputs_follow_fa3():
     """FA3 §4.3's distribution: N(0, 1) plus, for 0.1 % of entries, N(0, 100). Of 2^21 entries,
     the share beyond 6 is 0.001 P(|N(0, 101)| > 6) (N(0, 1) alone: 2e-9), the mean square
@@ -669,6 +694,14 @@ def test_outlier_inputs_follow_fa3():
     p = 0.001 * math.erfc(6 / math.sqrt(2 * 101))
     assert abs((q.abs() > 6).double().mean().item() - p) < 5 * math.sqrt(p / n)
     assert abs(q.double().square().mean().item() - 1.1) < 5 * math.sqrt(33 / n)
+
+
+@cpu
+def test_warm_fp8_unit_runs():
+    """The FP8 unit (a worker's compile on the GPU) runs the path: quantize, rotate, kernel."""
+    from snippets.flash_attention import warm
+
+    warm.run_unit(("fp8", "float32"))
 
 
 # ------------------------------------------------------------------ the benchmark code
