@@ -1,6 +1,6 @@
 """On the GPU (nox -s gpu_docs): this post's kernels against scaled_dot_product_attention's flash
-and cuDNN backends and FlexAttention, at 32 K tokens per call; writes results/flash-attention/
-attention.json and memory.json.
+and cuDNN backends and FlexAttention, at 32 K tokens per call, and the FP8 forward against ours in
+bf16 at 16 K; writes results/flash-attention/attention.json, memory.json and fp8.json.
 
 Wall time of the post on one H200 (budget 60 s from a cold start). Measured: 46.7 s (d4df628),
 57.7 s (45fbab4), 61.7 s (91f3e2a: 4 K, 8 K and 16 K, on a slow host). That run's profile
@@ -37,6 +37,19 @@ time), estimated on the same slow host:
                                workers' start, FlexAttention's compile on one thread, whether
                                the rest of 5.1 s was the triton-kernels import: if not, +3.5 s);
                                a timing the harness retries (spread over 5 %) adds about 3 s
+The FP8 forward (fp8.py, measure_fp8), not yet measured; estimated from the figures above:
+  compile         ~0     one more worker unit (14 on 16 cores: prepare_page starts one per
+                         unit), shorter than FlexAttention's, off the critical path; at most
+                         ~0.3 s of contention while the workers start
+  check fence     ~0.2   3 small calls from the cache, fp64 bounds at n <= 1000
+  GPU tests       ~0.3   3 calls (n <= 2048) and their fp64 bounds
+  inputs, errors  ~0.3   3 x 64 M outlier entries; 4 forwards at 16 K (bf16 ~9 ms, fp8 and
+                         3 quantizations a few ms each); fp64 reference on 256 rows a head
+                         (~7e10 FLOP, ~1 GiB of scores)
+  kernel_ms_each  ~1.6   a session (~0.4 s), settling 0.9 + 0.1 + 0.1 s, a call and a sizing
+                         call each, 7 repeats of ~5-9 ms each
+  total           ~2.4 s (3 s at most unless a timing is retried: then about 3 s more), so
+                         ~54 s before -> ~57 s
 """
 
 import torch
@@ -52,6 +65,7 @@ from snippets.flash_attention.measure import (
     TOKENS,
     breakdown,
     implementations,
+    measure_fp8,
     measure_tflops,
     naive,
     ours,
@@ -61,8 +75,8 @@ from snippets.flash_attention.measure import (
 from snippets.triton_kernels.measure import peak_bytes_cuda  # the triton-kernels post's meter
 
 # each phase's wall time in the harness's trace (HANDBOOK_BENCH_TRACE): where to cut next
-implementations, breakdown, peak_memory = (_traced(f) for f in (implementations, breakdown,
-                                                                 peak_memory))  # fmt: skip
+implementations, breakdown, peak_memory, measure_fp8 = (
+    _traced(f) for f in (implementations, breakdown, peak_memory, measure_fp8))  # fmt: skip
 
 # --8<-- [start:run]
 # TOKENS, HEADS, HEAD_DIM, DTYPE, LENGTHS come from measure.py; check.py has already compiled
@@ -90,6 +104,17 @@ rows, wide = measure_tflops(LENGTHS, TOKENS, HEADS, HEAD_DIM, "cuda", DTYPE, gpu
 split = breakdown(LENGTHS[-1], TOKENS, HEADS, HEAD_DIM, "cuda", DTYPE, kernel_ms_by)
 memory = peak_memory(MEMORY_LENGTHS, TOKENS, HEADS, HEAD_DIM, "cuda", DTYPE, peak_bytes_cuda,
                      {"ours": ours, "naive": naive})  # fmt: skip
+if gpu.fp8_dense_tflops is None:
+    raise RuntimeError(f"{gpu.name} has no FP8 tensor cores (data/hardware.yaml)")
+
+
+def fp8_times(fns, kinds):  # bf16, fp8, quantize: one session, each settled first, as settles()
+    return kernel_ms_each(fns, target_ms=5.0, warmup=1, interleave=False,
+                          settle_ms=[900.0, 100.0, 100.0])  # fmt: skip
+
+
+fp8 = measure_fp8(LENGTHS[-1], TOKENS, HEADS, HEAD_DIM, "cuda", DTYPE, fp8_times,
+                  {"bf16": gpu.bf16_dense_tflops, "fp8": gpu.fp8_dense_tflops})  # fmt: skip
 # --8<-- [end:run]
 
 # --8<-- [start:record]
@@ -100,4 +125,5 @@ write_result("flash-attention", "attention", {
     "rows": rows, "wide": wide, "breakdown": split,
 })  # fmt: skip
 write_result("flash-attention", "memory", {"rows": memory})
+write_result("flash-attention", "fp8", fp8)
 # --8<-- [end:record]

@@ -16,6 +16,14 @@ import torch.nn.functional as F
 
 from snippets.common.bench import rate
 from snippets.flash_attention.attention import flash_attention
+from snippets.flash_attention.fp8 import (
+    fp8_block,
+    fp8_errors,
+    fp8_forward,
+    outlier_qkv,
+    quantize_qkv,
+    random_rotation,
+)
 from snippets.flash_attention.io_model import attention_flops
 
 # --8<-- [start:shapes]
@@ -262,3 +270,35 @@ def peak_memory(lengths, tokens, heads, d, device, dtype, memory, impls, seed=0)
 
 
 # --8<-- [end:measure]
+
+
+# --8<-- [start:fp8]
+FP8_ROWS = 256  # query rows per head that the fp64 reference of the errors covers
+
+
+def measure_fp8(n, tokens, heads, d, device, dtype, kernel_times, peaks, rows=FP8_ROWS, seed=0):
+    """The FP8 forward (quantized per block after the rotation) against ours in `dtype` (bf16 on
+    the GPU) at one length, no mask, on FA3's outlier inputs: each kernel's time (kernel_times:
+    kernel_ms_each on the GPU, in the order bf16, fp8, quantize), TFLOP/s by section 3.1's count
+    and its fraction of that dtype's dense peak (peaks: {"bf16": ..., "fp8": ...}), the time of
+    the quantization itself (rotation and V's transpose included), and fp8_errors."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    batch, block = tokens // n, fp8_block()
+    q, k, v = outlier_qkv(batch, heads, n, d, device, dtype, gen)
+    rotation = random_rotation(d, seed, device)
+    x = quantize_qkv(q, k, v, block, rotation)
+    fns = {"bf16": lambda: ours(q, k, v, False), "fp8": lambda: fp8_forward(x, None, dtype),
+           "quantize": lambda: quantize_qkv(q, k, v, block, rotation)}  # fmt: skip
+    ms = dict(zip(fns, kernel_times(list(fns.values()), list(fns)), strict=True))
+    flops = attention_flops(n, d, heads, batch)
+    timings = [{"impl": name, "ms": ms[name], "tflops": rate(flops, ms[name]) / 1e12,
+                "of_peak": rate(flops, ms[name]) / 1e12 / peaks[name]}
+               for name in ("bf16", "fp8")]  # fmt: skip
+    errors = fp8_errors(q, k, v, min(rows, n), block, rotation, lambda *t: ours(*t, False))
+    error = {row["variant"]: row["rel_error"] for row in errors}
+    return {"timings": timings, "quantize_ms": ms["quantize"], "speedup": ms["bf16"] / ms["fp8"],
+            "errors": errors, "gain_vs_tensor": error["fp8_tensor"] / error["fp8_block_hadamard"],
+            "gain_of_rotation": error["fp8_block"] / error["fp8_block_hadamard"]}  # fmt: skip
+
+
+# --8<-- [end:fp8]

@@ -12,6 +12,9 @@ The units (page_units), the longest first:
 - our four kernels, one unit each, for bf16 at head dim 128 (check.py's and the benchmark's: the
   length and the mask are runtime arguments and every stride a multiple of 16, so one compile
   serves every length, mask and head mapping) and for fp16 at head dim 64 (the fp16 test's);
+- the FP8 forward kernel (fp8.py) with a bf16 output at head dim 128: the page's FP8 check, the
+  GPU tests and the benchmark share its one compile (length, block count and heads are not
+  specialized; every stride is a multiple of 16, V's stride along the keys 1);
 - the kernel files of the triton-kernels post, whose bf16 checks run when bench_gpu.py imports
   that post's memory meter.
 
@@ -30,6 +33,7 @@ from snippets.common import warm
 from snippets.common.bench import _traced
 from snippets.common.device import DEVICE
 from snippets.flash_attention.attention import flash_attention
+from snippets.flash_attention.fp8 import FP8_HEAD_DIM, fp8_attention
 from snippets.flash_attention.measure import (
     DTYPE,
     HEAD_DIM,
@@ -47,9 +51,11 @@ TRITON_KERNELS = ("rmsnorm", "cross_entropy", "swiglu", "rope")  # triton_kernel
 
 
 def page_units() -> list[tuple]:
-    """(kind, ...) units: FlexAttention, ours kernel by kernel, the triton-kernels files."""
+    """(kind, ...) units: FlexAttention, ours kernel by kernel, the FP8 kernel, the
+    triton-kernels files."""
     found = [("flex", LENGTHS, TOKENS, HEADS, HEAD_DIM, DTYPE)]
     found += [("kernel", name, dtype, d) for dtype, d in CHECKED for name in KERNELS]
+    found += [("fp8", "bfloat16")]
     return found + [("import", f"snippets.triton_kernels.{m}") for m in TRITON_KERNELS]
 
 
@@ -73,11 +79,19 @@ def compile_kernel(name: str, dtype: str, head_dim: int) -> None:
         triton.knobs.runtime.jit_cache_hook = None
 
 
+def compile_fp8(dtype: str) -> None:
+    """The FP8 forward kernel: one small call (quantization included), output in `dtype`."""
+    q = torch.randn(1, 2, 64, FP8_HEAD_DIM, device=DEVICE, dtype=getattr(torch, dtype))
+    fp8_attention(q, q, q)
+
+
 def run_unit(unit, context=None, clock=warm.once) -> None:
     """One unit, in a worker (snippets/common/warm.py) or, for a test, here."""
     kind, *args = unit
     if kind == "kernel":
         compile_kernel(*args)
+    elif kind == "fp8":
+        compile_fp8(*args)
     elif kind == "import":  # runs the file's checks, which compile its kernels
         importlib.import_module(*args)
     elif kind == "flex":

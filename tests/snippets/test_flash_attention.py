@@ -20,6 +20,7 @@ from snippets.common.device import DEVICE, ON_GPU
 from snippets.common.hardware import load_hardware, ridge_point
 from snippets.common.results import Stat
 from snippets.flash_attention import attention as fa
+from snippets.flash_attention import fp8 as f8
 from snippets.flash_attention import io_model as io
 from snippets.flash_attention import online_softmax as osm
 from snippets.flash_attention.numerics import (
@@ -27,7 +28,7 @@ from snippets.flash_attention.numerics import (
     attention_reference,
     check_attention,
 )
-from snippets.triton_kernels.numerics import within
+from snippets.triton_kernels.numerics import U, within
 
 gpu = pytest.mark.gpu  # CUDA-only: run by gpu_docs, with the post or among "the rest"
 cpu = pytest.mark.skipif(ON_GPU, reason="the CPU suite covers it (nox -s tests)")
@@ -283,18 +284,20 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 import snippets.flash_attention.attention as fa
+import snippets.flash_attention.fp8 as f8
 
-RUNTIME = {"n_ctx", "group", "q_heads", "kv_heads", "causal"}  # do_not_specialize: no hint
+RUNTIME = {"n_ctx", "group", "q_heads", "kv_heads", "causal", "n_blocks"}  # do_not_specialize
 
 
-def compile_sm90(kernel, config, pointers, **constexprs):
-    constexprs |= {"HEAD_DIM": 128, "STATIC_N": 0, "DOT": "tf32", **config.kwargs}
+def compile_sm90(kernel, config, pointers, ones=(), **constexprs):
+    constexprs |= {"HEAD_DIM": 128, "STATIC_N": 0, **config.kwargs}
+    constexprs |= {name: 1 for name in ones}  # the JIT makes an integer 1 a constant
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             continue
-        signature[name] = pointers.get(name, "fp32" if name.endswith("scale") else "i32")
+        signature[name] = pointers.get(name, "fp32" if "scale" in name else "i32")
         if name in pointers or (signature[name] == "i32" and name not in RUNTIME):
             attrs[(i,)] = [["tt.divisibility", 16]]  # as the JIT specializes aligned arguments
     src = triton.compiler.ASTSource(kernel, signature, constexprs, attrs)
@@ -307,8 +310,13 @@ def compile_sm90(kernel, config, pointers, **constexprs):
             f.write(compiled.asm["ptx"])
         log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", "--gpu-name=sm_90a", ptx,
                               "-o", ptx + ".o"], capture_output=True, text=True, check=True).stderr
+    dots = [line for line in ttgir.splitlines() if "ttng.warp_group_dot " in line]
+    transposed = re.findall(r"^(#shared\d*) = #ttg.nvmma_shared<.*transposed = true", ttgir, re.M)
     return {"shared": compiled.metadata.shared, "async": "async_copy_global_to_local" in ttgir,
-            "wgmma": "warp_group_dot" in ttgir,
+            "wgmma": bool(dots), "e4m3_dots": sum("f8E4M3FN" in line for line in dots),
+            "dots": len(dots), "async_to_transposed": any(
+                re.search(rf"async_copy_global_to_local .*f8E4M3FN, {t}, ", ttgir)
+                for t in transposed),
             "spill_bytes": sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))}
 
 
@@ -322,7 +330,11 @@ for name, kernel, configs, extra in (("fwd", fa.attn_fwd_kernel, fa.FWD_CONFIGS,
                                      ("dq", fa.attn_bwd_dq_kernel, fa.DQ_CONFIGS, {})):
     for config in configs:  # every autotuning candidate
         tile = "x".join(str(config.kwargs[b]) for b in ("BLOCK_M", "BLOCK_N"))
-        report[f"{name} {tile}"] = compile_sm90(kernel, config, ptrs, **extra)
+        report[f"{name} {tile}"] = compile_sm90(kernel, config, ptrs, DOT="tf32", **extra)
+fp8_ptrs = {name: "*fp8e4nv" for name in ("Q", "K", "V")} | {
+    name: "*fp32" for name in ("QS", "KS", "VS")} | {"O": "*bf16"}
+config = triton.Config({"BLOCK": f8.BLOCK}, **f8.FP8_OPTIONS)
+report["fp8"] = compile_sm90(f8.attn_fp8_fwd_kernel, config, fp8_ptrs, ones=("stride_vn",))
 print(json.dumps(report))
 """
 
@@ -336,7 +348,9 @@ def test_gpu_path_compiles_for_hopper():
     the H100's 227 KiB of shared memory per block, its loads are pipelined into asynchronous
     copies and its matmuls are WGMMA; the forward and dQ kernels spill no register (dK/dV, which
     keeps two 128 x 128 fp32 accumulators, uses all 255 and spills a little: attention.py).
-    In a fresh interpreter without TRITON_INTERPRET."""
+    The FP8 forward (fp8.py): both matmuls on e4m3 operands, V's tiles (stored keys-contiguous)
+    copied asynchronously into the transposed, K-major layout its WGMMA needs; it spills a little
+    (fp8.py, FP8_OPTIONS). In a fresh interpreter without TRITON_INTERPRET."""
     import json
     import os
     import subprocess
@@ -356,14 +370,16 @@ def test_gpu_path_compiles_for_hopper():
     report = json.loads(done.stdout.strip().splitlines()[-1])
     for kernel, found in report.items():
         assert found["shared"] <= 227 * 1024 and found["async"] and found["wgmma"], (kernel, found)
-        assert kernel.startswith("dkdv") or found["spill_bytes"] == 0, (kernel, found)
+        assert kernel == "fp8" or kernel.startswith("dkdv") or found["spill_bytes"] == 0, kernel
+    fp8 = report["fp8"]
+    assert fp8["dots"] == fp8["e4m3_dots"] >= 2 and fp8["async_to_transposed"], fp8
 
 
 def test_warm_units_cover_the_page():
     """FlexAttention at the benchmark's shapes first; one unit per kernel of ours, for the checks'
     (and the benchmark's) bf16 at head dim 128 and the fp16 test's head dim 64, each naming a
-    kernel of attention.py; one per kernel file of the triton-kernels post that bench_gpu.py's
-    import of its meter runs."""
+    kernel of attention.py; the FP8 kernel with a bf16 output; one per kernel file of the
+    triton-kernels post that bench_gpu.py's import of its meter runs."""
     from snippets.common.results import ROOT, import_closure
     from snippets.flash_attention import measure as m
     from snippets.flash_attention import warm
@@ -374,6 +390,7 @@ def test_warm_units_cover_the_page():
     assert {(dtype, d) for _, _, dtype, d in kernels} == {("bfloat16", 128), ("float16", 64)}
     assert len(kernels) == 8 and kernels[0][1] == "attn_bwd_dkdv_kernel"  # the longest first
     assert all(getattr(fa, name).fn.__qualname__ == name for _, name, _, _ in kernels)
+    assert [u for u in units if u[0] == "fp8"] == [("fp8", "bfloat16")]  # the page's FP8 dtype
     meter = import_closure(ROOT / "snippets/triton_kernels/measure.py")
     files = {p.stem for p in meter if p.parent.name == "triton_kernels"}
     kernel_files = files - {"__init__", "measure", "numerics"}
@@ -473,6 +490,218 @@ def test_mixed_dtypes_are_refused():
     with pytest.raises(ValueError, match="share one of"):
         fa.flash_attention(torch.zeros(1, 2, 4, 16), torch.zeros(1, 2, 4, 16, dtype=torch.float16),
                            torch.zeros(1, 2, 4, 16))  # fmt: skip
+
+
+# ------------------------------------------------------------------ FP8 forward (fp8.py)
+
+
+def scaled_rows(shape, gen, spread=4):
+    """randn with each row times 2^e, e in [-spread, spread): block scales far apart, so a scale
+    read for the wrong block moves the result by far more than rounding."""
+    e = torch.randint(-spread, spread, (*shape[:-1], 1), generator=gen)
+    return torch.randn(shape, generator=gen) * 2.0**e
+
+
+@pytest.mark.parametrize("per_tensor", [False, True], ids=["block", "tensor"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fp8_quantize_round_trip(per_tensor, dtype):
+    """One scale per 16 rows of each head (37 rows: 3 blocks, the last of 5 rows), amax / 448:
+    each block's largest |x| becomes +-448; x8 * scale is within half an e4m3 step of x,
+    (2^-4 + 2U)|x| in the normal range plus 2^-10 scale among the subnormals (x / scale is
+    rounded in fp32 first: the 2U), and some element comes close to that bound."""
+    x = scaled_rows((2, 3, 37, 128), torch.Generator().manual_seed(0)).to(dtype)
+    x8, scale = f8.quantize(x, 16, per_tensor)
+    assert x8.dtype == torch.float8_e4m3fn and scale.shape == (2, 3, 3)
+    blocks = torch.nn.functional.pad(x.float().abs(), (0, 0, 0, 11)).view(2, 3, 3, 16 * 128)
+    amax = blocks.amax(-1)
+    want = amax.amax().expand_as(amax) if per_tensor else amax
+    assert torch.equal(scale, want / 448)
+    top = torch.nn.functional.pad(x8.float().abs(), (0, 0, 0, 11)).view(2, 3, 3, -1).amax(-1)
+    assert top.eq(448).all() if not per_tensor else top.max() == 448 and top.lt(448).any()
+    rows = scale.double().repeat_interleave(16, -1)[..., :37, None]
+    err = (f8.dequantize(x8, scale, 16) - x.double()).abs()
+    bound = (f8.U8 + 2 * U) * x.double().abs() + 2.0**-10 * rows
+    assert (err <= bound).all() and (err / bound).max() > 0.9
+
+
+def test_fp8_quantize_zero_block_and_bad_input():
+    """A block of zeros gets scale 1 and stays zero (no 0 / 0); the last, partial block's scale
+    comes from its own rows; bad arguments are refused, naming the argument."""
+    x = torch.randn(1, 1, 37, 128)
+    x[:, :, 16:32] = 0
+    x8, scale = f8.quantize(x, 16)
+    assert scale[0, 0, 1] == 1 and x8[:, :, 16:32].float().eq(0).all()
+    assert scale[0, 0, 2] == x[:, :, 32:].abs().max() / 448
+    assert torch.isfinite(x8.float()).all()
+    for bad in (torch.zeros(1, 1, 4, 128, dtype=torch.int32), torch.zeros(1, 4, 128),
+                torch.zeros(1, 1, 4, 128, dtype=torch.float64)):  # fmt: skip
+        with pytest.raises(ValueError, match=r"^x must be"):
+            f8.quantize(bad, 16)
+    with pytest.raises(ValueError, match=r"^block must be"):
+        f8.quantize(x, 0)
+    with pytest.raises(ValueError, match=r"^head_dim must be 128, got 64"):
+        f8.quantize_qkv(*(torch.zeros(1, 1, 8, 64) for _ in range(3)), 16)
+    with pytest.raises(ValueError, match=r"^q, k, v must share one shape"):
+        f8.quantize_qkv(torch.zeros(1, 2, 8, 128), *(torch.zeros(1, 1, 8, 128),) * 2, 16)
+    with pytest.raises(ValueError, match=r"^d must be a power of two, got 96"):
+        f8.random_rotation(96)
+    x = f8.quantize_qkv(*(torch.zeros(1, 1, 8, 128) for _ in range(3)), 16)
+    with pytest.raises(ValueError, match=r"^x must hold e4m3"):
+        f8.fp8_forward(x._replace(q8=x.q8.float()))
+
+
+def test_hadamard_rotation_is_orthogonal_and_keeps_qk():
+    """H H^T = d I exactly; M = D H / sqrt(d) in fp32 is orthogonal to its rounding (entries
+    +-1/sqrt(d) off by U each: |M M^T - I| <= 3U); (q M)(k M)^T = q k^T in fp64 to 5 gamma_(d+1)
+    ||q||_1 ||k||_1 (the two rotations, the dot product and the reference's, each gamma_d times
+    ||q||_1 ||k||_1 over d terms of size 1/sqrt(d)); a one-hot outlier spreads evenly."""
+    for d in (1, 2, 128):
+        h = f8.hadamard(d)
+        assert torch.equal(h @ h.T, d * torch.eye(d))
+    m = f8.random_rotation(128, seed=3).double()
+    assert ((m @ m.T - torch.eye(128, dtype=torch.float64)).abs() <= 3 * U).all()
+    assert torch.equal(f8.random_rotation(128, 3), f8.random_rotation(128, 3))
+    assert not torch.equal(f8.random_rotation(128, 3), f8.random_rotation(128, 4))
+    g = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(5, 128, generator=g, dtype=torch.float64) for _ in range(2))
+    m64 = f8.hadamard(128).double() * (f8.random_rotation(128, 3).double().sign()[:, :1])
+    m64 = m64 / math.sqrt(128)
+    eps = 128 * 2.0**-53 / (1 - 128 * 2.0**-53)
+    bound = 5 * eps * q.abs().sum(-1)[:, None] * k.abs().sum(-1)[None, :]
+    assert (((q @ m64) @ (k @ m64).T - q @ k.T).abs() <= bound).all()
+    spike = torch.zeros(1, 128)
+    spike[0, 7] = 100.0
+    spread = (spike @ f8.random_rotation(128, 3)).abs()
+    want = torch.full_like(spread, 100 / math.sqrt(128))  # three fp32 roundings apart
+    assert torch.allclose(spread, want, rtol=4 * U, atol=0)
+
+
+@cpu
+def test_interpreter_rounding_to_e4m3_matches_pytorch():
+    """_round_e4m3 (the kernel's P in the interpreter) equals PyTorch's cast on every e4m3 value,
+    every midpoint between neighbours (ties to even), points just either side of them and random
+    values over [2^-14, 2^9): and the interpreter's own cast of the result changes nothing."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(X, R, C, N: tl.constexpr):
+        offs = tl.arange(0, N)
+        r = f8._round_e4m3(tl.load(X + offs))
+        tl.store(R + offs, r)
+        tl.store(C + offs, r.to(tl.float8e4nv))
+
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
+    grid = grid[grid <= 256 * 1.75]
+    mids = (grid[1:] + grid[:-1]) / 2
+    g = torch.Generator().manual_seed(2)
+    random = torch.rand(3000, generator=g) * 2.0 ** torch.randint(-14, 9, (3000,), generator=g)
+    x = torch.cat([grid, mids, mids * (1 + 2.0**-20), mids * (1 - 2.0**-20), random])
+    x = torch.nn.functional.pad(x, (0, 4096 - x.numel()))
+    r, c = torch.empty(4096), torch.empty(4096, dtype=torch.float8_e4m3fn)
+    kernel[(1,)](x, r, c, N=4096)
+    want = x.to(torch.float8_e4m3fn).float()
+    assert torch.equal(r, want) and torch.equal(c.float(), want)
+
+
+def fp8_inputs(n, rotate, per_tensor, dtype=torch.float32, seed=0, zero_blocks=False):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (scaled_rows((1, 2, n, 128), g).to(dtype) for _ in range(3))
+    if zero_blocks:  # a block of keys and values that is all zero: scale 1
+        k[:, :, :16], v[:, :, 16:32] = 0, 0
+    rotation = f8.random_rotation(128, seed) if rotate else None
+    return f8.quantize_qkv(q, k, v, f8.CPU_BLOCK, rotation, per_tensor)
+
+
+FP8_CASES = [  # (n, rotate, per_tensor, dtype, zero blocks)
+    (1, False, False, torch.float32, False),  # one row, one key: a partial block
+    (37, False, False, torch.float32, False),  # a partial last block
+    (64, True, False, torch.float32, False),  # a multiple of the block; rotated
+    (50, False, True, torch.float32, True),  # one scale per tensor; zero blocks
+    (45, True, False, torch.float16, False),  # fp16 in, fp16 out
+]
+FP8_IDS = ["n1", "partial", "rotated", "tensor-zeros", "fp16"]
+
+
+@cpu
+@pytest.mark.parametrize(("n", "rotate", "per_tensor", "dtype", "zeros"), FP8_CASES, ids=FP8_IDS)
+def test_fp8_kernel_and_reference_within_bound(n, rotate, per_tensor, dtype, zeros):
+    """The kernel (interpreter, fp32 arithmetic) and fp8_reference (PyTorch fp32) against fp64
+    attention on the dequantized inputs, each element within fp8_bound (its docstring derives
+    it: all that is left is rounding, P's e4m3 rounding the largest part). Row magnitudes vary
+    by 2^8, so every block has its own scale."""
+    x = fp8_inputs(n, rotate, per_tensor, dtype, seed=n, zero_blocks=zeros)
+    exact, bound = f8.fp8_bound(x, out_dtype=dtype)
+    out = f8.fp8_forward(x, out_dtype=dtype)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    got = {"kernel": out, "reference": f8.fp8_reference(x)}
+    assert within(got, dict.fromkeys(got, exact), dict.fromkeys(got, bound))
+
+
+def test_fp8_bound_is_not_vacuous():
+    """Bugs land outside fp8_bound: a K, Q or V scale read from the neighbouring block, and P not
+    shifted by 2^8 before its rounding (on a row where one key outscores 2000 others by 7.6 in
+    natural log units, their weights e^-7.6 < 2^-10 flush to zero: half the mass lost)."""
+    x = fp8_inputs(64, False, False, seed=4)
+    exact, bound = f8.fp8_bound(x)
+
+    def outside(bad):
+        return not within({"o": f8.fp8_reference(bad)}, {"o": exact}, {"o": bound})
+
+    assert within({"o": f8.fp8_reference(x)}, {"o": exact}, {"o": bound})
+    for name in ("k_scale", "q_scale", "v_scale"):
+        assert outside(x._replace(**{name: getattr(x, name).roll(1, -1)})), name
+    n = 2000
+    q, k = torch.zeros(1, 1, n, 128), torch.zeros(1, 1, n, 128)
+    q[..., 0], k[..., 0, 0] = 1.0, 7.6 * math.sqrt(128)
+    sink = f8.quantize_qkv(q, k, torch.ones(1, 1, n, 128), f8.CPU_BLOCK)
+    exact, bound = f8.fp8_bound(sink)
+    assert within({"o": f8.fp8_reference(sink)}, {"o": exact}, {"o": bound})
+    assert not within({"o": f8.fp8_reference(sink, shift=0)}, {"o": exact}, {"o": bound})
+
+
+@cpu
+def test_fp8_errors_and_measurement_run_at_tiny_shapes():
+    """measure_fp8 on the CPU (fp32 for bf16, interpreter, a stand-in clock): the three callables
+    in the clock's order, section 3.1's FLOP count, each peak its own dtype's; the errors of the
+    four variants against fp64 (fp32 ours is exact to rounding, every FP8 variant far from it)."""
+    from snippets.flash_attention import measure as m
+
+    calls = []
+    res = m.measure_fp8(32, 64, 2, 128, DEVICE, torch.float32, stand_in_each(calls),
+                        {"bf16": 100.0, "fp8": 200.0}, rows=16)  # fmt: skip
+    assert [kind for kind, _ in calls] == ["bf16", "fp8", "quantize"]
+    assert isinstance(calls[2][1], f8.Fp8Qkv) and calls[1][1].shape == (2, 2, 32, 128)
+    flops = 4 * 32**2 * 128 * 2 * 2  # 4 n^2 d x heads x batch
+    bf16, fp8 = res["timings"]
+    assert bf16["tflops"].median == fp8["tflops"].median == flops / 1e-3 / 1e12
+    assert fp8["of_peak"].median == pytest.approx(bf16["of_peak"].median / 2)  # twice the peak
+    assert res["speedup"].median == 1 and res["quantize_ms"].median == 1
+    errors = {r["variant"]: r["rel_error"] for r in res["errors"]}
+    assert list(errors) == ["bf16", "fp8_tensor", "fp8_block", "fp8_block_hadamard"]
+    assert errors["bf16"] < 1e-5 < 1e-3 < min(list(errors.values())[1:]) < 0.2
+    assert res["gain_vs_tensor"] == errors["fp8_tensor"] / errors["fp8_block_hadamard"]
+    assert res["gain_of_rotation"] == errors["fp8_block"] / errors["fp8_block_hadamard"]
+
+
+def test_outlier_inputs_follow_fa3():
+    """FA3 §4.3's distribution: N(0, 1) plus, for 0.1 % of entries, N(0, 100). Of 2^21 entries,
+    the share beyond 6 is 0.001 P(|N(0, 101)| > 6) (N(0, 1) alone: 2e-9), the mean square
+    1 + 0.001 x 100; each within 5 standard errors (of a count; of a mean of x^2, E x^4 ~ 33)."""
+    gen = torch.Generator().manual_seed(5)
+    q, _, _ = f8.outlier_qkv(1, 4, 4096, 128, "cpu", torch.float32, gen)
+    n = q.numel()
+    p = 0.001 * math.erfc(6 / math.sqrt(2 * 101))
+    assert abs((q.abs() > 6).double().mean().item() - p) < 5 * math.sqrt(p / n)
+    assert abs(q.double().square().mean().item() - 1.1) < 5 * math.sqrt(33 / n)
+
+
+@cpu
+def test_warm_fp8_unit_runs():
+    """The FP8 unit (a worker's compile on the GPU) runs the path: quantize, rotate, kernel."""
+    from snippets.flash_attention import warm
+
+    warm.run_unit(("fp8", "float32"))
 
 
 # ------------------------------------------------------------------ the benchmark code
@@ -589,3 +818,17 @@ def test_kernels_fp16_head_dim_64(causal):
     check.py, the page's first GPU fence, has them compiled in worker processes (warm.py): here
     they load from Triton's cache."""
     assert check_attention(2, 8, 2, 777, 64, causal, torch.float16, seed=13)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize(
+    ("batch", "heads", "n", "rotate", "per_tensor"),
+    [(2, 4, 1000, False, False), (1, 8, 2048, True, False), (1, 4, 515, True, True)],
+    ids=["block", "rotated-2k", "tensor"],
+)
+def test_fp8_kernel_bf16_on_the_gpu(batch, heads, n, rotate, per_tensor):
+    """The FP8 kernel compiled for Hopper (e4m3 WGMMA, the hardware's e4m3 cast, its sums kept
+    to about 14 bits: FP8_ACC_U) within fp8_bound, bf16 in and out; lengths not multiples of
+    the 128-row block. Its one compile is warm.py's fp8 unit."""
+    assert f8.check_fp8(batch, heads, n, rotate, per_tensor, torch.bfloat16, seed=n)
