@@ -295,5 +295,21 @@ def table_errors(root: Path) -> list[str]:
     return errors
 
 
+_CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # every C0 control but the newline
+
+
+def control_errors(root: Path) -> list[str]:
+    """No tab, carriage return or other control character in a page: a LaTeX command written
+    through a Python string ("\\text", "\\rVert" unescaped) lands as one and breaks the formula."""
+    errors = []
+    for page in pages(root):
+        text = page.read_bytes().decode("utf-8")  # read_text would turn a lone \r into \n
+        for n, line in enumerate(text.split("\n"), 1):
+            if m := _CONTROL.search(line):
+                errors.append(f"{rel(root, page)}:{n}: control character {m[0]!r} at column "
+                              f"{m.start() + 1}")  # fmt: skip
+    return errors
+
+
 ALL_CHECKS = (fence_errors, orphan_errors, nav_errors, link_errors, asset_errors, data_errors,
-              diagram_errors, table_errors)  # fmt: skip
+              diagram_errors, table_errors, control_errors)  # fmt: skip

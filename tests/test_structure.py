@@ -26,3 +26,13 @@ def test_table_check_sees_a_stray_pipe(tmp_path):
     assert structure.table_errors(tmp_path) == [
         "docs/p.md:6: table row has 3 cells, its header (line 3) 2"
     ]
+
+
+def test_control_check_sees_a_tab_and_a_carriage_return(tmp_path):
+    page = tmp_path / "docs" / "p.md"
+    page.parent.mkdir()
+    page.write_bytes(b"# P\n\n$O_{\text{x}}$\n\\lVert a \rVert\n")
+    assert structure.control_errors(tmp_path) == [
+        "docs/p.md:3: control character '\\t' at column 5",
+        "docs/p.md:4: control character '\\r' at column 10",
+    ]

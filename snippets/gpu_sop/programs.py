@@ -36,7 +36,7 @@ class Sizes:
     prep_s: float = 2e-3  # host work per batch in a healthy loop: a quarter of a step
     heavy_prep_s: float = 12e-3  # a data stall: 1.5 steps' worth per batch
     workers: int = 8  # the fix: 12 ms / 8 workers = 1.5 ms per batch, a fifth of a step
-    elems: int = 1 << 22  # launches: 4M floats, 16 MiB: ~5 µs a kernel, 64 a step (see below)
+    elems: int = 1 << 22  # launches: 4M floats, 16 MiB: ~6 µs a kernel, 64 a step (see below)
     ops: int = 64  # in-place ops per step
     big_elems: int = 1 << 25  # small kernels: a 128 MiB pass per step (the real work) ...
     tensors: int = 256  # ... then 256 small tensors updated one by one
@@ -60,11 +60,12 @@ CPU_SIZES = Sizes(batch=4096, d_in=32, features=32, d=128, layers=3, vocab=1000,
 # of 0.36, if steady, means ~1.2 ms of host a step in the trace. Its batch-1 gemv of 8192²
 # took 34 µs on the GPU, of the order of one traced aten::mm on the host. Its 1 MiB
 # in-place ops took 1.35 µs each in a graph: a kernel's floor, 86 µs a replay. So:
-# launch_fixed replays 64 kernels on 16 MiB (L2-resident, ~5 µs: ~0.3 ms a replay against
-# one cudaGraphLaunch); recompile_fixed's matmuls take ~3.2 ms a step against ~1.2 ms of
-# traced host work; the decode's gemv reads 512 MiB a layer (~0.15 ms) against one traced
-# aten::mm. The pathologies keep their cause: 64 launches at ~14 µs of host each (0.89 ms
-# in run 2) still take ~3x the GPU's 0.3 ms.
+# launch_fixed replays 64 kernels on 16 MiB (L2-resident: 0.40 ms a replay in the first
+# passing run, 36c8bd8, ~6 µs a kernel, against one cudaGraphLaunch); recompile_fixed's
+# matmuls take ~3.2 ms a step against ~1.2 ms of traced host work; the decode's gemv reads
+# 512 MiB a layer (~0.15 ms) against one traced aten::mm. The pathologies keep their cause,
+# the launch leaf narrowly: 64 launches took 0.52 ms a step there (~8 µs of host each; run 2
+# had estimated ~14 µs and a 3x margin), 1.28x the replay.
 # The training step: 6 layers of 2048² (the first 512 x 2048) over 32768 tokens, forward,
 # weight gradients and input gradients but the first layer's: ~4.3 TFLOP, ~6 ms of matmuls
 # at ~700 TFLOP/s, ~7.8 ms a step with the elementwise kernels (3.9 ms measured at 16384
