@@ -141,24 +141,42 @@ def _commit(session: nox.Session) -> dict:
 
 
 def last_wall_s(slug: str, root: Path = ROOT) -> float:
-    """The longest benchmark wall time a post's results record (30 s where there is none)."""
+    """The longest benchmark wall time a post's results record; its budget where none records
+    one (an upper bound: the post must fit it)."""
     walls = []
     for f in (root / "results" / slug).glob("*.json"):
         try:
             walls.append(float(json.loads(f.read_text(encoding="utf-8"))["provenance"]["wall_s"]))
         except (ValueError, KeyError, TypeError):
             continue
-    return max(walls, default=30.0)
+    return max(walls, default=float(budget_of(slug)))
 
 
-def shard(slugs: list[str], weights: dict[str, float], i: int, n: int) -> list[str]:
-    """Shard i of n (1-based): the heaviest post first, each to the lightest shard so far."""
+TRAINER = "snippets/common/train.py"  # loads the shared models from the run's cache, or trains
+
+
+def uses_models(slug: str, root: Path = ROOT) -> bool:
+    """Whether a post's GPU benchmark loads the shared models: its import closure holds the
+    trainer. Such a post must share a run (a shard) with MODELS_POST, or it trains them itself."""
+    from snippets.common.results import import_closure  # stdlib only
+
+    bench = root / "snippets" / markup.package_of(slug) / "bench_gpu.py"
+    return bench.is_file() and (root / TRAINER).resolve() in import_closure(bench, root)
+
+
+def shard(slugs: list[str], weights: dict[str, float], i: int, n: int,
+          together: frozenset = frozenset()) -> list[str]:  # fmt: skip
+    """Shard i of n (1-based): the heaviest unit first, each to the lightest shard so far. A
+    unit is one post, or all of `together` that are chosen (the shared models' post and the
+    posts that load its models: one cache per run)."""
+    group = sorted(s for s in slugs if s in together)
+    units = [[s] for s in slugs if s not in together] + ([group] if group else [])
     bins: list[list[str]] = [[] for _ in range(n)]
     load = [0.0] * n
-    for slug in sorted(slugs, key=lambda s: (-weights[s], s)):
+    for unit in sorted(units, key=lambda u: (-sum(weights[s] for s in u), u)):
         k = load.index(min(load))
-        bins[k].append(slug)
-        load[k] += weights[slug]
+        bins[k] += unit
+        load[k] += sum(weights[s] for s in unit)
     return sorted(bins[i - 1])
 
 
@@ -166,7 +184,8 @@ def _shard(slugs: list[str], spec: str, session: nox.Session) -> list[str]:
     m = re.fullmatch(r"(\d+)/(\d+)", spec)
     if not m or not 1 <= int(m[1]) <= int(m[2]):
         session.error(f"gpu_docs: --shard takes i/n with 1 <= i <= n, got {spec!r}")
-    return shard(slugs, {s: last_wall_s(s) for s in slugs}, int(m[1]), int(m[2]))
+    together = frozenset(s for s in slugs if s == MODELS_POST or uses_models(s))
+    return shard(slugs, {s: last_wall_s(s) for s in slugs}, int(m[1]), int(m[2]), together)
 
 
 @nox.session(venv_backend="none", tags=["gpu"], default=False)
@@ -286,7 +305,7 @@ def gpu_docs(session: nox.Session) -> None:
         )  # fmt: skip
         wall = time.perf_counter() - t0
         _print_trace(cold / "bench-trace.tsv", wall)
-        claims = _gate("--results", str(base), "--claims", slug, env=env)
+        claims = _gate("--results", str(base), "--claims", "--measured", slug, env=env)
         print(claims.stdout + claims.stderr, end="")
         problems = []
         if tests.returncode != 0:

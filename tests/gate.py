@@ -143,10 +143,12 @@ def awaiting_lines(root: Path, base: Path, slugs=None) -> list[str]:
     ]
 
 
-def claim_report(root: Path, base: Path, slugs=None) -> tuple[list[str], int]:
+def claim_report(root: Path, base: Path, slugs=None, measured=False) -> tuple[list[str], int]:
     """One line per claim ("holds" / "FAILS" / "pending" for a post awaiting a GPU run), and
-    the number that fail."""
-    results = cl.Results(base, pending=cl.pending(root, base))
+    the number that fail. measured: `slugs` were just measured into `base` (gpu_docs), so none
+    of them is pending, whatever its front matter says or whether this copy knows the commit."""
+    pending = cl.pending(root, base) - (set(slugs or ()) if measured else set())
+    results = cl.Results(base, pending=pending)
     lines, failed = [], 0
     for page in pages(root, slugs):
         try:
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--claims", action="store_true", help="print every claim and whether it holds")
     ap.add_argument("--no-fresh", action="store_true", help="skip the stale-source check")
     ap.add_argument("--due", action="store_true", help="print the posts whose results are due")
+    ap.add_argument("--measured", action="store_true",
+                    help="with --claims: the slugs were just measured")  # fmt: skip
     args = ap.parse_args(argv)
     if args.due:
         print(" ".join(due(ROOT, args.results.resolve())))
@@ -181,7 +185,7 @@ def main(argv=None) -> int:
     slugs = set(args.slugs) or None
     base = args.results.resolve()
     if args.claims:
-        lines, failed = claim_report(ROOT, base, slugs)
+        lines, failed = claim_report(ROOT, base, slugs, args.measured)
         print("\n".join(lines) or "no claims")
         waiting = sum(": pending: " in line for line in lines)
         print(f"{len(lines) - failed - waiting} of {len(lines)} claims hold"

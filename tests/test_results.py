@@ -378,6 +378,9 @@ def test_a_post_awaiting_a_gpu_run_passes_with_stale_or_missing_results(scratch)
     assert gate.awaiting_lines(scratch, scratch / "results") == [AWAITING]
     lines, failed = gate.claim_report(scratch, scratch / "results")
     assert failed == 0 and len(lines) == 1 and ": pending: " in lines[0]
+    # right after gpu_docs measured it, its claims are checked, awaiting_gpu or not
+    lines, failed = gate.claim_report(scratch, scratch / "results", {"demo"}, measured=True)
+    assert failed == 0 and len(lines) == 1 and ": holds: " in lines[0]
     (scratch / RESULT).unlink()
     assert gate.errors(scratch) == [] and gate.due(scratch) == ["demo"]
 

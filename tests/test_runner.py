@@ -16,6 +16,21 @@ def test_shards_cover_every_post_once_and_balance_the_load():
     assert noxfile.shard(["x"], {"x": 1.0}, 1, 1) == ["x"]
 
 
+def test_a_shard_keeps_the_shared_models_with_the_posts_that_load_them():
+    """Each shard is a run of its own, with a fresh model cache: a post that loads the models
+    in a shard without their post would train them itself, over its budget."""
+    weights = {"m": 90.0, "u1": 60.0, "u2": 50.0, "a": 60.0, "b": 55.0, "c": 50.0, "d": 45.0}
+    together = frozenset({"m", "u1", "u2"})
+    parts = [noxfile.shard(list(weights), weights, i, 3, together) for i in (1, 2, 3)]
+    assert sorted(s for p in parts for s in p) == sorted(weights)
+    assert any(set(together) <= set(p) for p in parts)
+    assert noxfile.shard(list(weights), weights, 1, 3) != parts[0]  # ungrouped: split apart
+    slugs = noxfile.post_slugs()
+    users = {s for s in slugs if noxfile.uses_models(s)}
+    assert noxfile.MODELS_POST in users and {"moe-training", "rl-training"} <= users
+    assert not users & {"metrics", "flash-attention", "tech-map"}
+
+
 def test_the_shared_models_run_first_within_their_own_budget_line():
     """The other posts load the checkpoints the models' post trains (one cache per run)."""
     assert noxfile.run_order(["cuda-graph", "metrics", "trained-models"]) == [

@@ -171,11 +171,13 @@ def loop_ms(name, calls=8, repeats=15):  # ms per step of a loop, seen from Pyth
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
 
 
-# (steps a repeat, repeats a round): ~56 ms, 6 x ~13 ms, ~95 ms a round (on a slow host).
-# launch took one ~13 ms repeat a round in the thirteenth run (4976e44): 34 rounds of ~300
-# ms, and its fastest 7 spread ±13.8 %; the recordings behind hostbound.py sampled a step
-# every ~45 ms
-HOST_BOUND = {"pageable": (2, 1), "launch": (16, 6), "recompile": (1, 1)}
+# (steps a repeat, repeats a round): 2 x ~25 ms, 6 x ~9 ms, ~70 ms a round. launch took one
+# ~13 ms repeat a round in the thirteenth run (4976e44): 34 rounds of ~300 ms, and its fastest
+# 7 spread ±13.8 %; the recordings behind hostbound.py sampled a step every ~45 ms. pageable
+# took 2 steps a repeat, one a round, until the sixteenth run (5d3c7ec): its fastest 7 of 44
+# repeats spread ±6.1 % (24.2-26.3 ms; ±0.9 % of 53 before); now one step a repeat, two a
+# round: the same steps, twice the samples (~88) for the fastest 7
+HOST_BOUND = {"pageable": (1, 2), "launch": (16, 6), "recompile": (1, 1)}
 
 
 def host_bound(calls: dict) -> dict:  # the CPU-bound steps, each the fastest 7 of its repeats
