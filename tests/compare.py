@@ -3,8 +3,9 @@
     python -m tests.compare [--with-rejected] RUN_A [RUN_B]     (RUN_B defaults to results/)
 
 A numeric value agrees when its two medians are within 5 % of each other; for timings the
-report also says whether the two ranges overlap. Strings and booleans must be equal. Prints
-one line per post and the values that disagree, worst first.
+report also says whether the two ranges overlap. Booleans must be equal. Text (a tool's output,
+a label) has no median: it is not counted, and text that differs is listed apart. Prints one
+line per post and the values that disagree, worst first.
 
 Only measured records that both runs measured are compared: a record with the same provenance
 in both (neither run re-measured it) is listed and left out, and records measured on two
@@ -70,8 +71,12 @@ def _values(record_file: Path, with_rejected: bool) -> tuple[dict, bool]:
     return record, False
 
 
+def is_text(value) -> bool:
+    return isinstance(_median(value), str)
+
+
 def compare(run_a: Path, run_b: Path, with_rejected: bool = False) -> tuple[list[str], int, int]:
-    lines, total, agreed, outliers, notes = [], 0, 0, [], []
+    lines, total, agreed, outliers, notes, texts = [], 0, 0, [], [], []
     slugs = sorted({p.parent.name for p in run_a.glob("*/*.json")} |
                    {p.parent.name for p in run_b.glob("*/*.json")})  # fmt: skip
     for slug in slugs:
@@ -102,6 +107,10 @@ def compare(run_a: Path, run_b: Path, with_rejected: bool = False) -> tuple[list
                                  "(they failed the spread rule there)")  # fmt: skip
             vb = dict(leaves(rb["values"]))
             for path, va in leaves(ra["values"]):
+                if is_text(va) or is_text(vb.get(path)):
+                    if va != vb.get(path):
+                        texts.append(f"{slug}/{fa.stem}:{path}: {va!r} vs {vb.get(path)!r}")
+                    continue
                 n += 1
                 if path not in vb:
                     outliers.append((1.0, f"{slug}/{fa.stem}:{path}: only in {run_a}"))
@@ -129,6 +138,9 @@ def compare(run_a: Path, run_b: Path, with_rejected: bool = False) -> tuple[list
     if outliers:
         lines.append("disagreeing values, worst first:")
         lines += [f"  {text}" for _, text in outliers]
+    if texts:
+        lines.append(f"text that differs ({len(texts)}; not counted above):")
+        lines += [f"  {text}" for text in texts]
     return lines, agreed, total
 
 

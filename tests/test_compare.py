@@ -29,6 +29,18 @@ def test_agreement_counts_values_and_lists_the_ones_that_differ(tmp_path):
     assert compare.main([str(a), str(b)]) == 1  # 67 % < 95 %
 
 
+def test_text_is_listed_apart_and_not_counted(tmp_path):
+    """A tool's output has no median: it differs between machines without being a measurement."""
+    a, b = tmp_path / "A" / "results", tmp_path / "B" / "results"
+    record(a / "p" / "r.json", {"x": stat(1.0), "first": "nvitop 1.7.2", "same": "jq-1.7"})
+    record(b / "p" / "r.json", {"x": stat(1.0), "first": "command not found", "same": "jq-1.7"},
+           date="later")  # fmt: skip
+    lines, agreed, total = compare.compare(a, b)
+    assert (agreed, total) == (1, 1)
+    at = lines.index("text that differs (1; not counted above):")
+    assert lines[at + 1] == "  p/r:first: 'nvitop 1.7.2' vs 'command not found'"
+
+
 def test_records_neither_run_measured_are_left_out(tmp_path):
     a, b = tmp_path / "A" / "results", tmp_path / "B" / "results"
     record(a / "p" / "r.json", {"x": stat(1.0)})
