@@ -442,3 +442,30 @@ def test_trained_trains_once_then_loads_from_the_cache(toy, monkeypatch):
     assert all(torch.equal(v, state[k]) for k, v in first.model.state_dict().items())
     with pytest.raises(KeyError, match=r"no model 'big'.*known: dense, moe"):
         tr.trained("big", spec=spec)
+
+
+def test_training_runs_strictly_deterministic_and_restores_the_flags(toy):
+    """warn_only=True left cuDNN's attention backward nondeterministic on the H200 (the
+    target's held-out loss moved between runs); every trainer step runs with warn_only=False."""
+    spec, _ = toy
+    before = (torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+    with tr.deterministic():
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert (torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled()) == before  # fmt: skip
+    entry = spec.models["dense"]
+    cfg = tr.model_config("dense", entry.config, spec.tokenizer.vocab_size)
+    tc = tr.TrainConfig(**entry.train)
+    model = tr.build_model(cfg)
+    seen = []
+
+    def loss_fn(ids):  # what a loop on the trainer (RL, distillation) sees inside a step
+        seen.append(not torch.is_deterministic_algorithms_warn_only_enabled()
+                    and torch.are_deterministic_algorithms_enabled())  # fmt: skip
+        lm, _ = tr.losses_of(model, ids)
+        return lm, {}
+
+    tr.Trainer(model, tc, loss_fn).step(0, torch.zeros(tc.batch_size, tc.seq_len, dtype=torch.long))
+    assert seen == [True]
