@@ -31,7 +31,8 @@ def test_each_unit_runs_once_and_failures_are_reported(tmp_path):
     warm.work(RUNNER, ran, units, tmp_path)
     assert ran == ["a", "d"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "claimed-0", "claimed-1", "claimed-2", "claimed-3", "failed-1"]  # fmt: skip
+        "claimed-0", "claimed-1", "claimed-2", "claimed-3", "failed-1",
+        "took-0", "took-1", "took-3"]  # fmt: skip
     (tmp_path / "claimed-2").unlink()  # ... and died before it could claim it
     with pytest.warns(UserWarning) as caught:
         done = warm.finish(warm.Workers([], tmp_path, units, RUNNER, 0.0))
@@ -49,8 +50,9 @@ def test_the_wait_is_traced(monkeypatch, tmp_path):
     claims.mkdir()
     warm.work(RUNNER, None, ["a"], claims)
     assert warm.finish(warm.Workers([], claims, ["a"], RUNNER, 0.0))["failed"] == 0
-    seconds, name, where = trace.read_text(encoding="utf-8").strip().split("\t")
-    assert float(seconds) >= 0 and name == "(waiting for 0 compile workers)" and where == RUNNER
+    wait, unit = (line.split("\t") for line in trace.read_text(encoding="utf-8").splitlines())
+    assert float(wait[0]) >= 0 and wait[1:] == ["(waiting for 0 compile workers)", RUNNER]
+    assert float(unit[0]) >= 0 and unit[1:] == ["(its slowest unit: a)", RUNNER]
 
 
 @pytest.mark.slow  # Python processes that import torch: seconds

@@ -88,10 +88,12 @@ def work(runner: str, context, units: list, claims: Path) -> None:
             os.close(os.open(claims / f"claimed-{i}", os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             continue
+        t0 = time.perf_counter()
         try:
             run_unit(unit, context)
         except Exception as exc:  # reported by finish(); the process compiles it itself
             (claims / f"failed-{i}").write_text(f"{unit}: {type(exc).__name__}: {exc}")
+        (claims / f"took-{i}").write_text(f"{time.perf_counter() - t0:.3f}")  # for the trace
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -113,6 +115,7 @@ def finish(w: Workers) -> dict:
             if proc.returncode:
                 problems.append(f"a worker exited with code {proc.returncode}")
     failed = [f.read_text() for f in sorted(w.claims.glob("failed-*"))]
+    took = {int(f.name.split("-")[1]): float(f.read_text()) for f in w.claims.glob("took-*")}
     unrun = [f"{u}: never run" for i, u in enumerate(w.units)
              if not (w.claims / f"claimed-{i}").exists()]  # fmt: skip
     shutil.rmtree(w.claims, ignore_errors=True)
@@ -120,6 +123,9 @@ def finish(w: Workers) -> dict:
         warnings.warn(f"{w.runner}: {problem} (compiled here instead)", stacklevel=2)
     waited = time.perf_counter() - t0
     _trace(waited, f"(waiting for {len(w.procs)} compile workers)", w.runner)
+    if took:  # the unit that bounds the wait when there are as many workers as units
+        i = max(took, key=took.get)
+        _trace(took[i], f"(its slowest unit: {str(w.units[i])[:70]})", w.runner)
     return {"units": len(w.units), "failed": len(failed) + len(unrun), "waited_s": waited}
 
 
