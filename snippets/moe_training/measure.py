@@ -175,3 +175,13 @@ def measure_fp8(skews, rows, experts, k, n, device, times, base=torch.bfloat16):
 
 
 # --8<-- [end:fp8]
+
+
+def autotuned_configs(kernel, name: str, smallest: int = 512) -> list[dict]:
+    """The config a Triton autotuner picked for each key (N, K, ...) it has tuned, for a
+    record; keys with N or K under `smallest` (the tests' shapes: a fixed config) left out."""
+    return [{"kernel": name, "n_k": f"{key[0]} × {key[1]}",
+             "config": f"BM {c.kwargs['BM']}, BN {c.kwargs['BN']}, BK {c.kwargs['BK']}, "
+                       f"{c.num_warps} warps, {c.num_stages} stages"}
+            for key, c in sorted(kernel.cache.items(), key=str)
+            if min(key[:2]) >= smallest]  # fmt: skip

@@ -712,3 +712,18 @@ def test_routed_block_with_softmax_is_the_shared_block():
     mlp.bias[0] = 10.0  # the bias moves the choice, not the weights: expert 0 for every token
     _, _ = mlp(x)
     assert mlp.load[0] == x.shape[0] * x.shape[1]
+
+
+def test_autotuned_configs_lists_the_picked_config_per_benchmark_shape():
+    from types import SimpleNamespace
+
+    import triton
+
+    from snippets.moe_training.measure import autotuned_configs
+
+    pick = triton.Config({"BM": 128, "BN": 256, "BK": 64}, num_warps=8, num_stages=4)
+    small = triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=1, num_stages=1)
+    kernel = SimpleNamespace(cache={(1536, 2048, "torch.bfloat16"): pick, (48, 32, "x"): small})
+    assert autotuned_configs(kernel, "forward / dX") == [{
+        "kernel": "forward / dX", "n_k": "1536 × 2048",
+        "config": "BM 128, BN 256, BK 64, 8 warps, 4 stages"}]  # fmt: skip
