@@ -156,13 +156,15 @@ def evaluate(model: nn.Module, heldout: torch.Tensor, batch_size: int) -> float:
 @contextmanager
 def deterministic():
     """Deterministic algorithms, and an error where PyTorch has none (warn_only=False). With
-    warn_only=True, cuDNN's attention backward (SDPA's pick on the H200) keeps its
-    nondeterministic algorithm and only warns: the target trained twice on one machine ended
-    at held-out losses 4.16856 and 4.16876 (run to run, the downstream posts' figures moved
-    by several percent). With warn_only=False cuDNN takes its deterministic backward: two
-    fresh processes trained the target and the MoE to bitwise-equal weights, at the same step
-    time (48.7 against 48.5 ms); the RL, distillation and balancing loops on Trainer ran under
-    it (at their CPU budgets) with no error and results bitwise equal in two processes.
+    warn_only=True, SDPA picks cuDNN's attention on the H200, whose backward is
+    nondeterministic and only warns: the target trained twice on one machine ended at
+    held-out losses 4.16856 and 4.16876 (run to run, the downstream posts' figures moved by
+    several percent). With warn_only=False PyTorch keeps cuDNN out of SDPA's choice
+    (check_cudnn_deterministic, sdp_utils.cpp) and SDPA takes its flash kernel, whose backward
+    then runs deterministically (tests/test_train_gpu.py): two fresh processes trained the
+    target and the MoE to bitwise-equal weights, at the same step time (48.7 against 48.5
+    ms); the RL, distillation and balancing loops on Trainer ran under it (at their CPU
+    budgets) with no error and results bitwise equal in two processes.
     cuBLAS needs CUBLAS_WORKSPACE_CONFIG: set here, when training
     starts, not at import (a test process that merely imports this module must keep cuBLAS's
     defaults for its timings); cuBLAS reads it when a handle is made."""
