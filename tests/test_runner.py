@@ -89,3 +89,12 @@ def test_summary_reports_the_hosts_python_speed():
     assert noxfile.HOST_LOOP_REFERENCE in host
     noxfile._summary(Session(), [])  # downloads-only: no host line
     assert sum("host:" in line for line in logged) == 1
+
+
+def test_bytecode_is_written_for_the_pythonpath_entries(tmp_path):
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "mod.py").write_text("X = 1\n")
+    entries = ["", str(tmp_path / "missing"), str(site)]  # empty and missing ones are skipped
+    noxfile.write_bytecode({"PYTHONPATH": os.pathsep.join(entries)})
+    assert list((site / "pkg" / "__pycache__").glob("mod.*.pyc"))
