@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from snippets.common.models.qwen3 import Qwen3Config, rope_tables, rotate_half
-from snippets.common.train import TrainConfig, batch_order, lr_factor, rows
+from snippets.common.train import TrainConfig, batch_order, deterministic, lr_factor, rows
 from snippets.speculative_decoding.runner import Cache, Runner, Tree, visible
 
 TAPS = ((0, "attn"), (0, "mlp"), (1, "mlp"))  # low, mid, high: the target's residual stream
@@ -211,6 +211,16 @@ def train_heads(target: Runner, stream: torch.Tensor, tc: HeadTraining) -> list[
         lr = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, sched))
         runs.append({"head": head, "opt": opt, "lr": lr, "ttt_steps": steps, "loss": []})
     autocast = torch.autocast("cuda", torch.bfloat16) if device.type == "cuda" else nullcontext()
+    with deterministic():  # as the shared trainer: two runs train the same heads, bit for bit
+        _train_steps(target, seqs, order, runs, tc, autocast)
+    for run in runs:
+        run["head"].eval()
+        run["loss"] = torch.stack(run["loss"]).tolist()
+    return [{k: r[k] for k in ("head", "ttt_steps", "loss")} for r in runs]
+
+
+def _train_steps(target: Runner, seqs, order, runs: list[dict], tc: HeadTraining,
+                 autocast) -> None:  # fmt: skip
     for step in range(tc.steps):
         ids = seqs[order[step]].long()
         with torch.no_grad():
@@ -224,10 +234,6 @@ def train_heads(target: Runner, stream: torch.Tensor, tc: HeadTraining) -> list[
             run["opt"].step()
             run["lr"].step()
             run["loss"].append(loss.detach())
-    for run in runs:
-        run["head"].eval()
-        run["loss"] = torch.stack(run["loss"]).tolist()
-    return [{k: r[k] for k in ("head", "ttt_steps", "loss")} for r in runs]
 
 
 @torch.no_grad()

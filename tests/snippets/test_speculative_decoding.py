@@ -560,11 +560,23 @@ def test_training_time_test_is_what_inference_computes(models):
 
 @cpu_only
 @pytest.mark.slow  # two heads, eight AdamW steps each (and AdamW's first import): seconds
-def test_heads_train_and_ttt_needs_room():
+def test_heads_train_and_ttt_needs_room(monkeypatch):
+    import snippets.speculative_decoding.eagle as eagle_mod
+
     stream = torch.randint(0, V, (2000,), generator=torch.Generator().manual_seed(0))
     runner = Runner(tiny(TARGET, 1, dtype=torch.float32), torch.float32, 64, TAPS)
     tc = HeadTraining(steps=8, batch_size=2, seq_len=16, lr=3e-3, warmup_steps=2, ttt_steps=(3, 1))
+    seen = []
+    steps = eagle_mod._train_steps
+
+    def spy(*args):  # the steps run in the shared trainer's strict deterministic mode
+        seen.append(torch.are_deterministic_algorithms_enabled()
+                    and not torch.is_deterministic_algorithms_warn_only_enabled())  # fmt: skip
+        return steps(*args)
+
+    monkeypatch.setattr(eagle_mod, "_train_steps", spy)
     runs = train_heads(runner, stream, tc)
+    assert seen == [True] and not torch.are_deterministic_algorithms_enabled()
     assert [r["ttt_steps"] for r in runs] == [3, 1]
     for r in runs:
         assert len(r["loss"]) == 8 and r["loss"][-1] < r["loss"][0]
