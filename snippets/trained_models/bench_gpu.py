@@ -4,6 +4,7 @@ cache for the posts that load them, time the target's decode step; write
 results/trained-models/{training,decode}.json, then fail if a model missed its held-out loss."""
 
 import copy
+import os
 import subprocess
 import sys
 import time
@@ -24,8 +25,13 @@ if gpu is None:
 peak = gpu.bf16_dense_tflops * 1e12  # datasheet dense BF16, data/hardware.yaml
 copy_bytes_per_s = ceilings()["copy_bytes_per_s"]  # measured in this run
 spec = load_trained_models()
-# the decode step's compile needs only shapes: another process compiles it while we train
-warm = subprocess.Popen([sys.executable, "-m", "snippets.trained_models.warm"], cwd=ROOT)
+# the decode step's compile needs only shapes: another process compiles it while we train,
+# on half the cores and at a lower priority: in one run the first draft seed, trained while
+# Inductor's pool took every core, had its step time spread +-31 % (the suspected cause)
+threads = str(max(1, (os.cpu_count() or 2) // 2))
+warm = subprocess.Popen([sys.executable, "-m", "snippets.trained_models.warm"], cwd=ROOT,
+                        env={**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": threads},
+                        preexec_fn=lambda: os.nice(10))  # fmt: skip
 n_matmul = {row["model"]: row["n_matmul"] for row in SHAPES}
 runs, stats = [], []
 for name, entry in spec.models.items():
