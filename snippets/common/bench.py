@@ -138,10 +138,11 @@ def _settle(chunk, min_s: float) -> float:
     at most SETTLE_EXTRA_S more; return the seconds spent. Why: the H200 machine's GPU runs at
     its 700 W power cap under large matmuls, and after idle or lighter work a 4096³ matmul ran
     about 15 % fast before the clocks dropped to the state they then hold (176 vs 208 µs): for
-    0.2 s after other work, for about 1.1 s after the GPU had idled, and after a long idle for
-    more than 2 s (as a power limit on a running average of the draw would); a timing that
-    straddles the drop spread 5-15 %. That fast phase looks steady too, so in a settle of at
-    least POWER_MIN_S (the long ones, after idle) where NVML can be read, steady chunks count
+    0.2-0.3 s after idle or other work in a 2026-12-04 probe, for about 1.1 s in earlier ones;
+    a timing that straddles the drop spread 5-15 %. (A fast phase that seemed to outlast 8 s of
+    settling was the harness's own gc.collect() between the settle and the repeats: graph_ms.)
+    That fast phase looks steady too, so in a settle of at least POWER_MIN_S (the long ones,
+    after idle) where NVML can be read, steady chunks count
     only once the power state is one that holds: the SW power cap active, or a draw under
     POWER_NEAR of the limit (work that the cap never reaches); while the GPU draws near its
     limit uncapped, settling goes on, for at most POWER_EXTRA_S. Short settles, after other
@@ -204,21 +205,24 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
         for _ in range(calls):
             fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for attempt in range(2):  # a second one only after the clocks changed under the first
-        spent = _settle(_timed(graph.replay, 1), settle_ms / 1e3)
-        _trace(spent, "(settling: clocks to their steady state)", "graph_ms")
-        samples = []
-        with _quiet():
+    # the collection before the settle, none between it and the repeats: that collection (87
+    # ms over a test's heap, ~0.24 s in a post's) idled the GPU, its clocks rose, and a
+    # matmul's repeats ran in the fast phase again (0.174 against 0.204 ms settled)
+    with _quiet():
+        for attempt in range(2):  # a second one only after the clocks changed under the first
+            spent = _settle(_timed(graph.replay, 1), settle_ms / 1e3)
+            samples = []
             for _ in range(repeats):
                 start.record()
                 graph.replay()
                 end.record()
                 end.synchronize()
                 samples.append(start.elapsed_time(end) / calls)
-        stat = Stat.of(samples, "gpu-graph")
-        if stat.spread <= MAX_SPREAD or attempt:
-            break
-        _retimed(stat)
+            _trace(spent, "(settling: clocks to their steady state)", "graph_ms")
+            stat = Stat.of(samples, "gpu-graph")
+            if stat.spread <= MAX_SPREAD or attempt:
+                break
+            _retimed(stat)
     del graph
     return stat
 
@@ -446,12 +450,12 @@ def step_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int = 16, settle_s: flo
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < settle_s:
-        fn()
-        torch.cuda.synchronize()
     samples = []
-    with _quiet():
+    with _quiet():  # collected before the settle: none between it and the repeats (graph_ms)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < settle_s:
+            fn()
+            torch.cuda.synchronize()
         for _ in range(repeats):
             steps = []
             for _ in range(calls):
