@@ -2,12 +2,14 @@
 model, batch collation, three ways to read a corpus, threads against processes under the GIL.
 
 Clock "python-fastest" for every timing: 21 repeats after a warm-up, and the Stat of the
-fastest 7 (snippets/common/results.py FASTEST_SHARE). The host CPU of the H200 machine changes
-speed by up to 2x within seconds and between runs (docs/posts/cuda-graph.md, section 6.1):
-with all repeats kept, rates spread up to ±52 % (n = 7); the slow repeats measure the host's
-other load, not the code (timeit's argument for min()). A repeat lasts about 0.1 s (long enough
-that one late wake-up or batch hand-over moves it by a few per cent at most, short enough that
-21 of them fit the budget). Everything recorded is a time per unit (smaller is faster, as
+fastest 7 (snippets/common/results.py FASTEST_SHARE); the timings of one section (collation,
+the readers, threads and processes) take their repeats in turn, round by round. The host CPU
+of the H200 machine changes speed by up to 2x within seconds and between runs
+(docs/posts/cuda-graph.md, section 6.1): with all repeats kept, rates spread up to ±52 %
+(n = 7); the slow repeats measure the host's other load, not the code (timeit's argument for
+min()). A repeat lasts about 0.1 s (long enough that one late wake-up or batch hand-over moves
+it by a few per cent at most, short enough that 21 of them fit the budget). Everything
+recorded is a time per unit (smaller is faster, as
 Stat.of's fastest third assumes); rates and ratios are derived from it.
 
 Wall time on the H200 machine's 16 cores, estimated from the rates of this post's first
@@ -52,11 +54,19 @@ IO_PASSES = (10, 1, 5)  # memmap ~2 us a document, jsonl ~70 us (1000 documents)
 GIL_N = 1_000_000  # ~40 ms of Python per copy
 
 
-def fastest(fn, repeats: int = REPEATS) -> Stat:
-    """fn() runs one repeat and returns its time per unit; one warm-up call, then `repeats`
-    timed ones; the Stat of the fastest third (clock "python-fastest")."""
-    fn()
-    return Stat.of([fn() for _ in range(repeats)], "python-fastest")
+def fastest(fns: dict, repeats: int = REPEATS) -> dict[str, Stat]:
+    """Each fn() runs one repeat and returns its time per unit; one warm-up call each, then
+    `repeats` rounds, each timing every fn once in turn, so that a slow phase of the host
+    reaches all of them alike (timed one after the other, the 21 repeats of one reader fell
+    into one slow stretch: its fastest 7 spread ±52 %); the Stat of each one's fastest third
+    (clock "python-fastest")."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(fn())
+    return {name: Stat.of(xs, "python-fastest") for name, xs in times.items()}
 
 
 # --8<-- [start:grid]
@@ -106,12 +116,13 @@ def identity(batch):
     return batch
 
 
-collate = {}  # ms per batch of 256 samples, made in the main process
+batches = {}  # ms per batch of 256 samples, made in the main process
 for name, ds, kw, steps in (("per-sample", Tokens(10**7, 256), {}, COLLATE_STEPS[0]),
                             ("batched", Batched(10**7, 256), {"collate_fn": identity},
                              COLLATE_STEPS[1])):  # fmt: skip
     it = iter(DataLoader(ds, batch_size=256, **kw))
-    collate[name] = fastest(lambda it=it, n=steps: 1e3 * watch(it, n, warmup=0).wall_s / n)
+    batches[name] = lambda it=it, n=steps: 1e3 * watch(it, n, warmup=0).wall_s / n
+collate = fastest(batches)
 # --8<-- [end:collate]
 
 
@@ -133,16 +144,15 @@ readers = {  # the same documents every repeat; passes make a repeat last ~0.08 
     "jsonl": (lambda: sum(len(js[i]) > 0 for i in order[:1000]), IO_PASSES[1]),
     "shards": (lambda: sum(len(d) > 0 for d in shard_stream(folder)), IO_PASSES[2]),
 }
-io_rows = []
-for name, (read, passes) in readers.items():
-    us = fastest(lambda f=read, p=passes: us_per_doc(f, p))
-    io_rows.append({"reader": name, "us_per_doc": us, "rate": 1e6 / us})
+io_us = fastest({name: lambda f=read, p=passes: us_per_doc(f, p)
+                 for name, (read, passes) in readers.items()})  # fmt: skip
+io_rows = [{"reader": name, "us_per_doc": us, "rate": 1e6 / us} for name, us in io_us.items()]
 # --8<-- [end:io]
 
 # --8<-- [start:gil]
 # wall seconds per CPU second of 4 copies of spin (1 / concurrency): the smaller, the more parallel
-wall_per_cpu = {k: fastest(lambda k=k: 1 / concurrency(k, 4, n=GIL_N))
-                for k in ("threads", "processes")}  # fmt: skip
+wall_per_cpu = fastest({k: lambda k=k: 1 / concurrency(k, 4, n=GIL_N)
+                        for k in ("threads", "processes")})  # fmt: skip
 # --8<-- [end:gil]
 
 write_result("cpu-sop", "cpu-loader", {
