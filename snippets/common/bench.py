@@ -477,9 +477,9 @@ CEILINGS_ENV = "HANDBOOK_CEILINGS"  # set by gpu_docs: one file of ceilings for 
 def ceilings() -> dict[str, Stat]:
     """Practical ceilings, measured in this run: copy bandwidth (bytes read + written per
     second by an elementwise kernel, 1 GiB buffers, far larger than the L2) and bf16 matmul
-    FLOP/s (8192^3, random data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) the first
-    post that asks measures them and the later posts of the same run read that file: one GPU,
-    one run, one pair of ceilings (measuring them costs about 4.5 s a post)."""
+    FLOP/s (8192^3, random data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) a process
+    of their own measures them before the first post, and every post of the run reads that
+    file: one GPU, one run, one pair of ceilings (measuring them costs about 4.5 s a post)."""
     shared = os.environ.get(CEILINGS_ENV)
     if shared and os.path.exists(shared):
         with open(shared, encoding="utf-8") as f:

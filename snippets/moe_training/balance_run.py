@@ -5,7 +5,7 @@ same initial weights four ways:
     aux-loss      softmax routing + the Switch load-balancing loss (coefficient 0.001), as the
                   shared model is trained
     aux-free      sigmoid routing + DeepSeek-V3's bias update (gamma 0.001), no balancing loss
-    aux-free-10x  the same with gamma 0.01: DeepSeek-V3's gamma is set for ~2e5 steps, and in
+    aux-free-10x  the same with gamma 0.01: DeepSeek-V3's gamma is set for 2.3-2.6e5 steps, and in
                   60 steps it moves a bias by at most 0.06
     none          sigmoid routing, no balancing at all (the control)
 
