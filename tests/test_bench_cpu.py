@@ -281,6 +281,41 @@ def test_step_ms_collects_before_the_settle_not_between_it_and_the_repeats(monke
     assert log == ["collect"] + ["step"] * (4 + 5 * 3), log  # 4 settling steps, then 5 x 3
 
 
+def test_python_ms_collects_before_its_settle_not_between_it_and_the_repeats(monkeypatch):
+    """As graph_ms: with settle_s, the settling calls follow the collection, then the repeats."""
+    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
+    clock, log = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench.gc, "collect", lambda: log.append("collect"))
+
+    def call():
+        log.append("call")
+        clock[0] += 0.1
+
+    bench.python_ms(call, repeats=5, calls=2, warmup=1, settle_s=0.3)
+    # 1 warm-up, the collection, 3 settling calls (0.1 s each), then 5 repeats of 2 calls
+    assert log == ["call", "collect"] + ["call"] * (3 + 5 * 2), log
+
+
+def test_a_long_settle_sets_nvml_up_before_its_first_chunk(monkeypatch):
+    """NVML's first use (import, init, lookup) is lazy: inside the settle it could fall between
+    the last chunk and the timed repeats, an idle GPU again. A long settle reads it first."""
+    clock, log = [0.0], []
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(bench, "_power", lambda: log.append("nvml") or (True, 0.99))
+
+    def chunk():
+        log.append("chunk")
+        clock[0] += 0.05
+        return 10.0
+
+    bench._settle(chunk, bench.POWER_MIN_S)
+    assert log[0] == "nvml" and log[1] == "chunk", log
+    log.clear()
+    bench._settle(chunk, 0.2)  # a short settle goes by the chunks alone: no NVML
+    assert set(log) == {"chunk"}, log
+
+
 def test_step_ms_takes_the_median_step_of_each_repeat(monkeypatch):
     """One step in eight is ten times slower: each repeat's value is its median step, so the
     slow steps do not move it (a repeat's mean would be 2.1x the median)."""

@@ -148,6 +148,8 @@ def _settle(chunk, min_s: float) -> float:
     limit uncapped, settling goes on, for at most POWER_EXTRA_S. Short settles, after other
     work, go by the chunks alone: attention kernels drew 96-98 % of the limit for seconds
     without the cap engaging, and waiting on each stretched one post's settling to 28 s."""
+    if min_s >= POWER_MIN_S:
+        _power()  # NVML set up (import, init) before the chunks, not between them and repeats
     t0 = time.perf_counter()
     times: list[float] = []
     while True:
@@ -228,10 +230,10 @@ def graph_ms(fn, *, repeats: int = REPEATS, warmup: int = 3, target_ms: float = 
 
 
 def _retimed(stat: Stat) -> None:
-    """Trace a timing that is measured again: after the GPU had idled, the clocks of a
-    power-capped matmul dropped 2 s into continuous load, during the timed repeats (176 ->
-    200 µs); the harness then settles again and times once more, keeping the second attempt
-    (the first stays in the trace)."""
+    """Trace a timing that is measured again: the clocks of a power-capped matmul dropped
+    during the timed repeats (176 -> 200 µs; then because the harness collected garbage, and
+    the GPU idled, between the settle and the repeats); the harness then settles again and
+    times once more, keeping the second attempt (the first stays in the trace). A guard now."""
     lo, hi = stat.extremes or (stat.lo, stat.hi)
     _trace(0.0, f"(timed again: first attempt {stat.median:.4g} ms ±{stat.spread:.1%}, "
                 f"repeats {lo:.4g}-{hi:.4g})", "bench.py")  # fmt: skip
@@ -412,15 +414,20 @@ def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1,
 
 @_traced
 def python_ms(fn, *, repeats: int = PYTHON_REPEATS, calls: int | None = None,
-              target_ms: float = 20.0, warmup: int = 3) -> Stat:  # fmt: skip
+              target_ms: float = 20.0, warmup: int = 3, settle_s: float = 0.0) -> Stat:  # fmt: skip
     """Time seen from Python: wall clock of `calls` calls (not synchronised between calls,
     as in a training or generation loop; by default as many as take about target_ms) and one
-    synchronize, per call."""
+    synchronize, per call. settle_s: fn runs untimed that long first, after the collection and
+    right before the repeats (after idle, matmuls ran fast for the first fraction of a second)."""
     for _ in range(warmup):
         fn()
     calls = calls or _calls_for(fn, target_ms, 1000)
     samples = []
-    with _quiet():
+    with _quiet():  # collected before the settle: none between it and the repeats (graph_ms)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < settle_s:
+            fn()
+            torch.cuda.synchronize()
         for _ in range(repeats):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -479,7 +486,7 @@ def ceilings() -> dict[str, Stat]:
     second by an elementwise kernel, 1 GiB buffers, far larger than the L2) and bf16 matmul
     FLOP/s (8192^3, random data, never zeros). Under gpu_docs ($HANDBOOK_CEILINGS) a process
     of their own measures them before the first post, and every post of the run reads that
-    file: one GPU, one run, one pair of ceilings (measuring them costs about 4.5 s a post)."""
+    file: one GPU, one run, one pair of ceilings (measuring them costs about 4.5 s)."""
     shared = os.environ.get(CEILINGS_ENV)
     if shared and os.path.exists(shared):
         with open(shared, encoding="utf-8") as f:

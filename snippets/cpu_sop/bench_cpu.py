@@ -57,7 +57,7 @@ GIL_N = 1_000_000  # ~40 ms of Python per copy
 def fastest(fns: dict, repeats: int = REPEATS) -> dict[str, Stat]:
     """Each fn() runs one repeat and returns its time per unit; one warm-up call each, then
     `repeats` rounds, each timing every fn once in turn, so that a slow phase of the host
-    reaches all of them alike (timed one after the other, the 21 repeats of one reader fell
+    reaches all of them alike (timed one after the other, 16 of one reader's 21 repeats fell
     into one slow stretch: its fastest 7 spread ±52 %); the Stat of each one's fastest third
     (clock "python-fastest")."""
     for fn in fns.values():

@@ -91,8 +91,6 @@ import gc
 import os
 import tempfile
 
-import torch
-
 from snippets.common.bench import graph_ms, python_ms
 from snippets.common.hostbound import fastest_interleaved
 from snippets.common.results import write_result
@@ -149,23 +147,10 @@ shares = diagnosed(path, grown)
 
 
 # --8<-- [start:time]
-def settled(run, seconds=0.3):
-    """Run a loop for a moment first: the GPU's clocks and the host reach the state the timed
-    repeats see (after idle, matmuls ran fast for the first fraction of a second)."""
-    t0 = torch.cuda.Event(enable_timing=True)
-    t0.record()
-    end = torch.cuda.Event(enable_timing=True)
-    while True:
-        run(1)
-        end.record()
-        end.synchronize()
-        if t0.elapsed_time(end) > seconds * 1e3:
-            return run
-
-
 def loop_ms(name, calls=8, repeats=15):  # ms per step of a loop, seen from Python (no sync
-    run = settled(progs[name])  # between steps)
-    return python_ms(lambda: run(1), calls=calls, repeats=repeats)
+    # between steps); it runs 0.3 s untimed first, right before the repeats: the GPU's clocks
+    # and the host reach the state the timed repeats see
+    return python_ms(lambda: progs[name](1), calls=calls, repeats=repeats, settle_s=0.3)
 
 
 host = []  # the host's state while each CPU-bound step is timed: where its spread comes from
