@@ -4,7 +4,8 @@ never materialised, only one [chunk, V] block at a time.
 Per chunk: logits = h_c @ W^T (cuBLAS, fp32 accumulation), a Triton kernel turns each row into
 its loss and, in place, into d loss / d logits = (softmax - onehot) / n_valid; two more matmuls
 give the chunk's dh and add its share of dW to an fp32 accumulator. All gradients are computed
-in the forward (the loss is the last operation); the backward only scales them.
+in the forward (the loss is the last operation); the backward only scales them. A custom
+operator (torch.library), so that torch.compile(fullgraph=True) keeps it whole.
 """
 
 import torch
@@ -90,31 +91,67 @@ def linear_cross_entropy_forward(h, weight, labels, ignore_index=-100, chunk_row
 # --8<-- [end:launcher]
 
 
-# --8<-- [start:autograd]
-class LinearCrossEntropyFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, ignore_index=-100, chunk_rows=None,
-                dw_dtype=torch.float32, block_v=None):  # fmt: skip
-        h = hidden.reshape(-1, hidden.shape[-1]).contiguous()  # no copy when already contiguous
-        loss, dh, dw = linear_cross_entropy_forward(
-            h, weight, labels.reshape(-1).contiguous(), ignore_index, chunk_rows, dw_dtype, block_v
-        )
-        ctx.grads, ctx.shape = (dh, dw), hidden.shape  # attributes: scaled in place below
-        return loss
-
-    @staticmethod
-    def backward(ctx, dloss):
-        dh, dw = ctx.grads
-        dh.mul_(dloss), dw.mul_(dloss)  # 1 when the loss is the last operation
-        return dh.view(ctx.shape), dw, None, None, None, None, None
+# --8<-- [start:op]
+Three = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def linear_cross_entropy(hidden, weight, labels):
+@torch.library.custom_op("handbook::linear_cross_entropy", mutates_args=())
+def linear_cross_entropy_op(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                            ignore_index: int = -100, chunk_rows: int | None = None,
+                            dw_dtype: torch.dtype = torch.float32,
+                            block_v: int | None = None) -> Three:  # fmt: skip
+    """(loss, dh, dW): the gradients come out of the forward, as outputs (an op returns fresh
+    tensors only; the autograd formula below saves them)."""
+    h = hidden.reshape(-1, hidden.shape[-1]).contiguous()  # no copy when already contiguous
+    loss, dh, dw = linear_cross_entropy_forward(
+        h, weight, labels.reshape(-1).contiguous(), ignore_index, chunk_rows, dw_dtype, block_v
+    )
+    return loss, dh.view(hidden.shape), dw
+
+
+@linear_cross_entropy_op.register_fake
+def _(hidden, weight, labels, ignore_index=-100, chunk_rows=None, dw_dtype=torch.float32,
+      block_v=None):  # fmt: skip
+    loss = hidden.new_empty((), dtype=torch.float32)
+    return loss, hidden.new_empty(hidden.shape), weight.new_empty(weight.shape)
+
+
+@torch.library.custom_op("handbook::linear_cross_entropy_backward", mutates_args=("dh", "dw"))
+def linear_cross_entropy_backward_op(dloss: torch.Tensor, dh: torch.Tensor,
+                                     dw: torch.Tensor) -> None:  # fmt: skip
+    """Scales the forward's gradients by the loss's own gradient, in place: no second copy of
+    dW (1 when the loss is the last operation)."""
+    dh.mul_(dloss), dw.mul_(dloss)
+
+
+@linear_cross_entropy_backward_op.register_fake
+def _(dloss, dh, dw):
+    return None
+
+
+def _setup_context(ctx, inputs, output):
+    _, dh, dw = output
+    ctx.mark_non_differentiable(dh, dw)
+    ctx.save_for_backward(dh, dw)
+
+
+def _backward(ctx, dloss, *_):
+    dh, dw = ctx.saved_tensors
+    linear_cross_entropy_backward_op(dloss, dh, dw)
+    return dh, dw, None, None, None, None, None
+
+
+linear_cross_entropy_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def linear_cross_entropy(hidden, weight, labels, ignore_index=-100, chunk_rows=None,
+                         dw_dtype=torch.float32, block_v=None):  # fmt: skip
     """Drop-in for the model's `loss` swap point: mean over labels != -100."""
-    return LinearCrossEntropyFunction.apply(hidden, weight, labels)
+    return linear_cross_entropy_op(hidden, weight, labels, ignore_index, chunk_rows, dw_dtype,
+                                   block_v)[0]  # fmt: skip
 
 
-# --8<-- [end:autograd]
+# --8<-- [end:op]
 
 
 # --8<-- [start:check]
@@ -124,7 +161,7 @@ def check_linear_cross_entropy(n, hid, vocab, dtype, chunk_rows, block_v=None, s
     w = (torch.randn(vocab, hid, generator=gen) / hid**0.5).to(DEVICE, dtype).requires_grad_()
     labels = torch.randint(0, vocab, (n,), generator=gen).to(DEVICE)
     labels[::3] = -100  # every third row is padding
-    loss = LinearCrossEntropyFunction.apply(h, w, labels, -100, chunk_rows, torch.float32, block_v)
+    loss = linear_cross_entropy(h, w, labels, -100, chunk_rows, torch.float32, block_v)
     loss.backward()
     exact, bound = cross_entropy_exact(h, w, labels)
     return within({"loss": loss, "dh": h.grad, "dw": w.grad}, exact, bound)

@@ -1,8 +1,9 @@
 """Benchmark functions: byte models, runners for ours / eager / torch.compile / Liger Kernel.
 
 Functions only; bench_gpu.py runs them on the GPU at Qwen3-8B shapes with the clocks of
-snippets/common/bench.py (kernel_ms_each), which come in as arguments: on the CPU they
-run at tiny shapes (tests/snippets/test_triton_kernels.py) with stand-in clocks.
+snippets/common/bench.py (kernel_ms_each) and snippets/common/hostbound.py
+(fastest_interleaved), which come in as arguments: on the CPU they run at tiny shapes
+(tests/snippets/test_triton_kernels.py) with stand-in clocks.
 """
 
 import importlib
@@ -16,10 +17,15 @@ from snippets.common.bench import rate
 from snippets.common.models.qwen3 import QWEN3_8B, RMSNorm, lm_loss, rope_tables
 from snippets.common.models.qwen3 import apply_rope as eager_rope
 from snippets.common.models.qwen3 import swiglu as eager_swiglu
-from snippets.triton_kernels.cross_entropy import LinearCrossEntropyFunction
-from snippets.triton_kernels.rmsnorm import RMSNormFunction, add_rms_norm, rms_norm
-from snippets.triton_kernels.rope import apply_rope
-from snippets.triton_kernels.swiglu import swiglu
+from snippets.triton_kernels.cross_entropy import linear_cross_entropy
+from snippets.triton_kernels.rmsnorm import (
+    AddRMSNormFunction,
+    RMSNormFunction,
+    add_rms_norm,
+    rms_norm,
+)
+from snippets.triton_kernels.rope import RoPEFunction, apply_rope
+from snippets.triton_kernels.swiglu import SwiGLUFunction, swiglu
 
 
 # --8<-- [start:bytes]
@@ -110,11 +116,15 @@ def eager_ops(hidden, eps):
 def implementations(names, hidden, eps):
     """{implementation: {op: callable}} for the requested names that are available here."""
     ours = {"rmsnorm": rms_norm, "add_rmsnorm": add_rms_norm, "swiglu": swiglu,
-            "rope": apply_rope, "loss": LinearCrossEntropyFunction.apply}  # fmt: skip
+            "rope": apply_rope, "loss": linear_cross_entropy}  # fmt: skip
     found = {}
     for name in names:
         if name == "ours":
             found[name] = ours
+        elif name == "function":  # the same kernels through torch.autograd.Function (no loss)
+            found[name] = {"rmsnorm": RMSNormFunction.apply,
+                           "add_rmsnorm": AddRMSNormFunction.apply,
+                           "swiglu": SwiGLUFunction.apply, "rope": RoPEFunction.apply}  # fmt: skip
         elif name == "eager":
             found[name] = eager_ops(hidden, eps)
         elif name == "compile":  # compiled on first call, for these shapes only
@@ -211,7 +221,7 @@ def sweep_rows_per_program(s: Shapes, device, dtype, kernel_times, copy_bytes_pe
         leaves, extra = op_inputs("rmsnorm", s, device, dtype)
 
         def norm(x, w, eps, per=per):
-            return RMSNormFunction.apply(x, w, eps, None, per)
+            return rms_norm(x, w, eps, None, per)
 
         backwards.append(runners(norm, leaves, extra)[1])
     rows = []
@@ -244,7 +254,7 @@ def sweep_rmsnorm(hiddens, tokens, device, dtype, kernel_times, copy_bytes_per_s
 
 def loss_variant(chunk_rows, dw_dtype):
     def loss(h, w, y):
-        return LinearCrossEntropyFunction.apply(h, w, y, -100, chunk_rows, dw_dtype)
+        return linear_cross_entropy(h, w, y, -100, chunk_rows, dw_dtype)
 
     return loss
 
@@ -286,6 +296,26 @@ def measure_loss(s: Shapes, device, dtype, kernel_times, matmul_flop_per_s, impl
                 "extra_gib": extra / 2**30, "extra_of_logits": extra / logits_bytes}  # fmt: skip
         rows.append(row)
     return rows
+
+
+PYTHON_IMPLS = ("ours", "function", "compile", "liger")  # function: our torch.autograd.Function
+PYTHON_CALLS = 3  # calls a repeat, each followed by a synchronize (hostbound._repeat_ms)
+
+
+def measure_from_python(s: Shapes, device, dtype, interleaved, impls, ops=OPS):
+    """One row per operator: forward + backward of each implementation as Python sees it, CPU
+    overhead included (dispatch, autograd, launches, Dynamo's guards), each call waited for.
+    `interleaved`: fastest_interleaved on the GPU ({key: (fn, calls)} in, {key: Stat} out): all
+    timings round by round over one window, each kept as its fastest repeats."""
+    steps = {}
+    for op in ops:
+        for name, fns in impls.items():
+            leaves, extra = op_inputs(op, s, device, dtype)
+            steps[op, name] = (runners(fns[op], leaves, extra)[2], PYTHON_CALLS)
+    rows = {}
+    for (op, name), ms in interleaved(steps).items():
+        rows.setdefault(op, {"op": op})[name] = ms
+    return list(rows.values())
 
 
 def peak_bytes_cuda(fn):

@@ -4,8 +4,11 @@ y = w * round_x(s * rstd), rstd = 1 / sqrt(mean(s^2) + eps), with s = x, or s = 
 for the fused variant (which also returns s). Statistics are fp32; the normalised value is
 rounded to the input dtype before the weight multiply, as Qwen3's RMSNorm in transformers does.
 
-One story, top to bottom: kernels, launchers, torch.autograd.Function, nn.Module, a check.
+One story, top to bottom: kernels, launchers, torch.autograd.Function, the same as custom
+operators (what callers use: torch.compile sees them whole), nn.Module, a check.
 """
+
+import math
 
 import torch
 import triton
@@ -236,12 +239,98 @@ class AddRMSNormFunction(torch.autograd.Function):
         return dx, dx, dw, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
 
 
-def rms_norm(x, weight, eps):
-    return RMSNormFunction.apply(x, weight, eps)
+# --8<-- [end:autograd]
 
 
-def add_rms_norm(x, residual, weight, eps):
-    return AddRMSNormFunction.apply(x, residual, weight, eps)
+# --8<-- [start:op]
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@torch.library.custom_op("handbook::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, block: int | None = None,
+                rows_per_program: int | None = None) -> Pair:  # fmt: skip
+    """(y, rstd): the same launcher as RMSNormFunction; rows_per_program is for the backward."""
+    y, rstd, _ = rmsnorm_forward(as_rows(x), weight, eps, block=block)
+    return y.view(x.shape), rstd
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps, block=None, rows_per_program=None):  # shapes, dtypes, strides only
+    y = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+    return y, x.new_empty(math.prod(x.shape[:-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("handbook::add_rms_norm", mutates_args=())
+def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                    block: int | None = None, rows_per_program: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(s = x + residual, y = RMSNorm(s), rstd), as AddRMSNormFunction."""
+    y, rstd, s = rmsnorm_forward(as_rows(x), weight, eps, residual=as_rows(residual),
+                                 block=block)  # fmt: skip
+    return s.view(x.shape), y.view(x.shape), rstd
+
+
+@add_rms_norm_op.register_fake
+def _(x, residual, weight, eps, block=None, rows_per_program=None):
+    y = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
+    return x.new_empty(x.shape), y, x.new_empty(math.prod(x.shape[:-1]), dtype=torch.float32)
+
+
+@torch.library.custom_op("handbook::rms_norm_backward", mutates_args=())
+def rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         rstd: torch.Tensor, dsum: torch.Tensor | None, block: int | None,
+                         rows_per_program: int | None) -> Pair:  # fmt: skip
+    """(dx, dw) for both ops; x is the norm's input (the sum s for the fused one), dsum the
+    sum's own gradient (fused only), which joins dx: then dx is also d residual."""
+    dx, dw = rmsnorm_backward(as_rows(dy), as_rows(x), weight, rstd,
+                              None if dsum is None else as_rows(dsum), block,
+                              rows_per_program)  # fmt: skip
+    return dx.view(x.shape), dw
+
+
+@rms_norm_backward_op.register_fake
+def _(dy, x, weight, rstd, dsum, block, rows_per_program):
+    return x.new_empty(x.shape), torch.empty_like(weight, memory_format=torch.contiguous_format)
+
+
+def _setup_norm(ctx, inputs, output):
+    x, weight, _, ctx.block, ctx.rows_per_program = inputs
+    ctx.save_for_backward(x, weight, output[1])
+    ctx.mark_non_differentiable(output[1])  # rstd: a statistic saved for the backward
+
+
+def _norm_backward(ctx, dy, _):
+    x, weight, rstd = ctx.saved_tensors
+    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, None, ctx.block, ctx.rows_per_program)
+    return dx, dw, None, None, None
+
+
+def _setup_add_norm(ctx, inputs, output):
+    _, _, weight, _, ctx.block, ctx.rows_per_program = inputs
+    s, _, rstd = output
+    ctx.save_for_backward(s, weight, rstd)
+    ctx.mark_non_differentiable(rstd)
+
+
+def _add_norm_backward(ctx, ds, dy, _):
+    s, weight, rstd = ctx.saved_tensors
+    ds = torch.zeros_like(s) if ds is None else ds  # an output nobody used: no gradient
+    dy = torch.zeros_like(s) if dy is None else dy
+    dx, dw = rms_norm_backward_op(dy, s, weight, rstd, ds, ctx.block, ctx.rows_per_program)
+    return dx, dx, dw, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
+
+
+rms_norm_op.register_autograd(_norm_backward, setup_context=_setup_norm)
+add_rms_norm_op.register_autograd(_add_norm_backward, setup_context=_setup_add_norm)
+
+
+def rms_norm(x, weight, eps, block=None, rows_per_program=None):
+    return rms_norm_op(x, weight, float(eps), block, rows_per_program)[0]
+
+
+def add_rms_norm(x, residual, weight, eps, block=None, rows_per_program=None):
+    """(s = x + residual, RMSNorm(s))."""
+    return add_rms_norm_op(x, residual, weight, float(eps), block, rows_per_program)[:2]
 
 
 class TritonRMSNorm(nn.Module):
@@ -256,7 +345,7 @@ class TritonRMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-# --8<-- [end:autograd]
+# --8<-- [end:op]
 
 
 # --8<-- [start:check]
@@ -268,12 +357,12 @@ def check_rmsnorm(rows, h, dtype, residual=False, block=None, per=4, seed=0):
     w = (1 + 0.1 * torch.randn(h, generator=g)).to(DEVICE, dtype).requires_grad_()
     dy, ds = (torch.randn(rows, h, generator=g).to(DEVICE, dtype) for _ in range(2))
     if residual:
-        s, y = AddRMSNormFunction.apply(x, r, w, 1e-6, block, per)
+        s, y = add_rms_norm(x, r, w, 1e-6, block, per)
         torch.autograd.backward((s, y), (ds, dy))
         got = {"y": y, "s": s, "dx": x.grad, "dr": r.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6, residual=r, ds=ds)
     else:
-        y = RMSNormFunction.apply(x, w, 1e-6, block, per)
+        y = rms_norm(x, w, 1e-6, block, per)
         y.backward(dy)
         got = {"y": y, "dx": x.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6)

@@ -3,7 +3,8 @@
 q: [batch, q_heads, seq, head_dim], k: [batch, kv_heads, seq, head_dim], any strides with
 contiguous head_dim (the model's q and k are transposed views); cos, sin: [seq, head_dim].
 One program per (batch, position): it loads that position's cos and sin once and rotates all
-heads of q and of k.
+heads of q and of k. Callers use the custom operator (rope_op); RoPEFunction, which launches the
+same kernel, is kept for the from-Python timing of the two entry points (measure.py).
 """
 
 from dataclasses import replace
@@ -66,13 +67,21 @@ def _last_dim_contiguous(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def check_shapes(q, k, cos, sin):
+    """q [batch, q_heads, seq, dim], k [batch, kv_heads, seq, dim]; cos, sin [seq, dim]."""
+    if q.dim() != 4 or k.dim() != 4 or q.shape[::2] != k.shape[::2] or q.shape[-1] % 2:
+        raise ValueError(f"q, k: [batch, heads, seq, even head_dim], got {q.shape}, {k.shape}")
+    if not cos.shape == sin.shape == q.shape[2:]:
+        raise ValueError(f"cos, sin: [seq, head_dim] = {tuple(q.shape[2:])}, got {cos.shape}")
+
+
 def rope_launch(q, k, cos, sin, backward=False, block_heads=None):
     """Rotated copies of q and k (same layouts as the inputs)."""
+    check_shapes(q, k, cos, sin)
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     cos, sin = cos.contiguous(), sin.contiguous()
     batch, n_qh, seq, dim = q.shape
     n_kh = k.shape[1]
-    assert cos.shape == sin.shape == (seq, dim) and dim % 2 == 0, "cos, sin: [seq, head_dim]"
     qo, ko = torch.empty_like(q), torch.empty_like(k)  # empty_like keeps a transposed layout
     bh = block_heads or min(triton.next_power_of_2(max(n_qh, n_kh)), BLOCK_HEADS)
     half = dim // 2
@@ -101,12 +110,56 @@ class RoPEFunction(torch.autograd.Function):
         return dq, dk, None, None, None  # cos and sin are tables: no gradient
 
 
-def apply_rope(q, k, cos, sin):
-    """Drop-in for the model's `rope` swap point: (q, k, cos, sin) -> (q, k)."""
-    return RoPEFunction.apply(q, k, cos, sin)
-
-
 # --8<-- [end:autograd]
+
+
+# --8<-- [start:op]
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+@torch.library.custom_op("handbook::rope", mutates_args=())
+def rope_op(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            block_heads: int | None = None) -> Pair:  # fmt: skip
+    return rope_launch(q, k, cos, sin, block_heads=block_heads)
+
+
+@torch.library.custom_op("handbook::rope_backward", mutates_args=())
+def rope_backward_op(dq: torch.Tensor, dk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     block_heads: int | None) -> Pair:  # fmt: skip
+    """The transpose of the rotation: the same kernel, rotating by -theta."""
+    return rope_launch(dq, dk, cos, sin, backward=True, block_heads=block_heads)
+
+
+@rope_op.register_fake
+@rope_backward_op.register_fake
+def _(q, k, cos, sin, block_heads=None):  # the launcher's layouts (empty_like keeps strides)
+    check_shapes(q, k, cos, sin)
+    return torch.empty_like(_last_dim_contiguous(q)), torch.empty_like(_last_dim_contiguous(k))
+
+
+def _setup_context(ctx, inputs, output):
+    *_, cos, sin, ctx.block_heads = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.outputs = [(o.shape, o.dtype) for o in output]
+
+
+def _backward(ctx, dq, dk):
+    cos, sin = ctx.saved_tensors
+    (q_shape, q_dtype), (k_shape, k_dtype) = ctx.outputs
+    dq = cos.new_zeros(q_shape, dtype=q_dtype) if dq is None else dq  # an output nobody used
+    dk = cos.new_zeros(k_shape, dtype=k_dtype) if dk is None else dk
+    return *rope_backward_op(dq, dk, cos, sin, ctx.block_heads), None, None, None
+
+
+rope_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def apply_rope(q, k, cos, sin, block_heads=None):
+    """Drop-in for the model's `rope` swap point: (q, k, cos, sin) -> (q, k)."""
+    return rope_op(q, k, cos, sin, block_heads)
+
+
+# --8<-- [end:op]
 
 
 # --8<-- [start:check]
@@ -119,7 +172,7 @@ def check_rope(batch, n_qh, n_kh, seq, dim, dtype, block_heads=None, seed=0):
 
     q, k, dq, dk = heads(n_qh), heads(n_kh), heads(n_qh).detach(), heads(n_kh).detach()
     cos, sin = (t.to(dtype) for t in rope_tables(replace(TINY, head_dim=dim), seq, DEVICE))
-    qo, ko = RoPEFunction.apply(q, k, cos, sin, block_heads)
+    qo, ko = apply_rope(q, k, cos, sin, block_heads)
     torch.autograd.backward((qo, ko), (dq, dk))
     exact, bound = rope_exact(q, k, cos, sin, dq, dk)
     return within({"q": qo, "k": ko, "dq": q.grad, "dk": k.grad}, exact, bound)

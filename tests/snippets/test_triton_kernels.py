@@ -82,12 +82,12 @@ def rmsnorm_within_bounds(rows, h, dtype, block=None, per=None, residual=False, 
     w = (1 + 0.1 * randn(h, generator=g)).to(dtype)
     x, r, w = (t.requires_grad_() for t in (x, r, w))
     if residual:
-        s, y = rn.AddRMSNormFunction.apply(x, r, w, 1e-6, block, per)
+        s, y = rn.add_rms_norm(x, r, w, 1e-6, block, per)
         torch.autograd.backward((s, y), (ds, dy))
         got = {"y": y, "s": s, "dx": x.grad, "dr": r.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6, residual=r, ds=ds)
     else:
-        y = rn.RMSNormFunction.apply(x, w, 1e-6, block, per)
+        y = rn.rms_norm(x, w, 1e-6, block, per)
         y.backward(dy)
         got = {"y": y, "dx": x.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
@@ -168,7 +168,7 @@ def swiglu_within_bounds(shape, dtype, block=None, fused_view=False, seed=3):
     else:
         gate, up = (randn(*shape, generator=g).to(dtype).requires_grad_() for _ in range(2))
     dh = randn(*shape, generator=g).to(dtype)
-    h = sw.SwiGLUFunction.apply(gate, up, block)
+    h = sw.swiglu(gate, up, block)
     dg, du = torch.autograd.grad(h, (gate, up), dh)
     exact, bound = swiglu_exact(gate, up, dh)
     return within({"h": h, "dg": dg, "du": du}, exact, bound)
@@ -236,7 +236,7 @@ def ce_case(n, hid, vocab, seed, dtype=torch.float32, ignore=()):
 def test_linear_cross_entropy_fp32(n, hid, vocab, chunk, block_v, ignore):
     ce = kernel("cross_entropy")
     h, w, labels = ce_case(n, hid, vocab, seed=n, ignore=ignore)
-    loss = ce.LinearCrossEntropyFunction.apply(h, w, labels, -100, chunk, torch.float32, block_v)
+    loss = ce.linear_cross_entropy(h, w, labels, -100, chunk, torch.float32, block_v)
     dh, dw = torch.autograd.grad(loss, (h, w))
     exact, bound = cross_entropy_exact(h, w, labels)
     assert within({"loss": loss, "dh": dh, "dw": dw}, exact, bound)
@@ -263,7 +263,7 @@ def test_linear_cross_entropy_dw_in_weight_dtype():
     """Accumulating dW in fp16 rounds once per chunk: the bound counts 4 roundings."""
     ce = kernel("cross_entropy")
     h, w, labels = ce_case(32, 32, 200, seed=6, dtype=torch.float16)
-    loss = ce.LinearCrossEntropyFunction.apply(h, w, labels, -100, 8, torch.float16)
+    loss = ce.linear_cross_entropy(h, w, labels, -100, 8, torch.float16)
     dh, dw = torch.autograd.grad(loss, (h, w))
     exact, bound = cross_entropy_exact(h, w, labels, dw_roundings=4)
     assert within({"loss": loss, "dh": dh, "dw": dw}, exact, bound)
@@ -330,6 +330,172 @@ def test_qwen3_swap_points_and_fused_forward():
             assert q.rel(grads[name], g) <= q.TOLERANCE, name
 
 
+# Custom operators: opcheck, the same numbers as the Functions, torch.compile ------------------
+
+
+def op_cases():
+    """(op, arguments) for every custom operator, small CPU fp32 inputs, odd shapes, 3-D."""
+    rn, sw, rp, ce = (kernel(n) for n in ("rmsnorm", "swiglu", "rope", "cross_entropy"))
+    g = torch.Generator().manual_seed(20)
+
+    def t(*shape, grad=True):
+        return torch.randn(*shape, generator=g).requires_grad_(grad)
+
+    w = (1 + 0.1 * torch.randn(40, generator=g)).requires_grad_()
+    x, r, dy = t(2, 5, 40), t(2, 5, 40), t(2, 5, 40, grad=False)
+    rstd = torch.rand(10, generator=g) + 0.5
+    q, k = t(1, 5, 3, 16).transpose(1, 2), t(1, 5, 1, 16).transpose(1, 2)  # the model's layout
+    angles = torch.rand(5, 16, generator=g) * 6
+    labels = torch.randint(0, 50, (2, 5), generator=g)
+    labels[0, 1] = -100
+    return {
+        "rms_norm": (rn.rms_norm_op, (x, w, 1e-6, None, 4)),
+        "add_rms_norm": (rn.add_rms_norm_op, (x, r, w, 1e-6, 16, 4)),  # two passes of 16
+        "rms_norm_backward": (
+            rn.rms_norm_backward_op,
+            (dy, x.detach(), w.detach(), rstd, dy, None, 4),
+        ),
+        "swiglu": (sw.swiglu_op, (t(3, 7, 70), t(3, 7, 70), 32)),
+        "swiglu_backward": (sw.swiglu_backward_op, (dy, x.detach(), r.detach(), 16)),
+        "rope": (rp.rope_op, (q, k, angles.cos(), angles.sin(), 2)),
+        "rope_backward": (
+            rp.rope_backward_op,
+            (q.detach(), k.detach(), angles.cos(), angles.sin(), None),
+        ),
+        "linear_cross_entropy": (
+            ce.linear_cross_entropy_op,
+            (t(2, 5, 16), t(50, 16), labels, -100, 4, torch.float32, 16),
+        ),
+        "linear_cross_entropy_backward": (
+            ce.linear_cross_entropy_backward_op,
+            (torch.tensor(2.0), t(10, 16, grad=False), t(50, 16, grad=False)),
+        ),
+    }
+
+
+# The loss's backward scales the gradients its forward returned, in place (as the Function did:
+# no second dW in memory, which the loss table's peak counts). opcheck's AOT test returns every
+# output of the op from the graph and then sees it mutated; the wrapper returns only the loss,
+# and the compile tests below check that use: AOT's own test is left out for this one op.
+NO_AOT = {"linear_cross_entropy": ("test_schema", "test_autograd_registration", "test_faketensor")}
+
+
+OP_NAMES = ("rms_norm", "add_rms_norm", "rms_norm_backward", "swiglu", "swiglu_backward", "rope",
+            "rope_backward", "linear_cross_entropy", "linear_cross_entropy_backward")  # fmt: skip
+
+
+@cpu
+@pytest.mark.parametrize("name", OP_NAMES)
+def test_custom_op_passes_opcheck(name):
+    """Schema (no aliasing, mutations declared), autograd registered, fake implementation's
+    shapes, dtypes and strides equal to the real one's, and tracing through AOTAutograd."""
+    op, args = op_cases()[name]
+    assert op._qualname == f"handbook::{name}"
+    only = {"test_utils": NO_AOT[name]} if name in NO_AOT else {}
+    result = torch.library.opcheck(op, args, **only)
+    assert set(result.values()) == {"SUCCESS"}
+
+
+@cpu
+@pytest.mark.parametrize("case", ["norm", "add+norm", "add+norm two-pass", "swiglu", "rope"])
+def test_ops_and_functions_agree_bit_for_bit(case):
+    """The custom operators (what callers use) and the torch.autograd.Functions kept for the
+    from-Python timing launch the same kernels: outputs and gradients equal, not just close.
+    fp16 activations with an fp32 weight (mixed dtypes), 3-D and strided inputs."""
+    rn, sw, rp = kernel("rmsnorm"), kernel("swiglu"), kernel("rope")
+    g = torch.Generator().manual_seed(21)
+    x, r = (torch.randn(2, 7, 48, generator=g).half() for _ in range(2))
+    w = 1 + 0.1 * torch.randn(48, generator=g)
+    both = torch.randn(3, 5, 2 * 40, generator=g)
+    q, k = (torch.randn(2, 5, n, 16, generator=g).transpose(1, 2) for n in (4, 2))
+    angles = torch.rand(5, 16, generator=g) * 6
+    tables = (angles.cos(), angles.sin())
+    op, function, inputs, extra = {
+        "norm": (rn.rms_norm, rn.RMSNormFunction.apply, (x, w), (1e-6, None, 4)),
+        "add+norm": (rn.add_rms_norm, rn.AddRMSNormFunction.apply, (x, r, w), (1e-6, None, 4)),
+        "add+norm two-pass": (
+            rn.add_rms_norm,
+            rn.AddRMSNormFunction.apply,
+            (x, r, w),
+            (1e-6, 16, 4),
+        ),
+        "swiglu": (sw.swiglu, sw.SwiGLUFunction.apply, (both,), (32,)),
+        "rope": (rp.apply_rope, rp.RoPEFunction.apply, (q, k), (*tables, 2)),
+    }[case]
+
+    def run(fn, backward_name):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        args = leaves[0].chunk(2, -1) if case == "swiglu" else leaves  # halves of one matmul
+        out = fn(*args, *extra)
+        outs = out if isinstance(out, tuple) else (out,)
+        assert outs[0].grad_fn.name().startswith(backward_name)  # the entry point it says
+        grads = [torch.randn(o.shape, generator=torch.Generator().manual_seed(22)).to(o.dtype)
+                 for o in outs]  # fmt: skip
+        return [*outs, *torch.autograd.grad(outs, leaves, grads)]
+
+    got = run(op, "GeneratedBackwardFor_handbook_")  # torch.library's autograd for the op
+    want = run(function, function.__self__.__name__)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
+@cpu
+def test_ops_check_their_inputs():
+    """RoPE's tables must be [seq, head_dim]: the real and the fake implementation (what
+    torch.compile traces with, here on meta tensors) raise the same clear error."""
+    rp = kernel("rope")
+    q, k = torch.randn(1, 2, 5, 16), torch.randn(1, 1, 5, 16)
+    cos = sin = torch.ones(4, 16)  # one position short
+    for device in ("cpu", "meta"):
+        args = (t.to(device) for t in (q, k, cos, sin))
+        with pytest.raises(ValueError, match=r"cos, sin: \[seq, head_dim\] = \(5, 16\)"):
+            rp.rope_op(*args)
+    meta = rp.rope_op(*(t.to("meta") for t in (q, k, torch.ones(5, 16), torch.ones(5, 16))))
+    assert [t.shape for t in meta] == [q.shape, k.shape]
+
+
+def qwen3_batch(seed):
+    from snippets.common.models.qwen3 import TINY
+
+    ids = torch.randint(0, TINY.vocab_size, (2, 9), generator=torch.Generator().manual_seed(seed))
+    labels = ids.clone()
+    labels[1, 5:] = -100  # padding
+    return ids.to(DEVICE), labels.to(DEVICE)
+
+
+@cpu
+@pytest.mark.slow  # Dynamo and AOTAutograd trace the TINY model, then it runs twice: ~7-10 s
+def test_qwen3_composes_with_torch_compile():
+    """The fused forward (all five ops: RMSNorm, add + RMSNorm, RoPE, SwiGLU, linear + CE) in
+    one graph: fullgraph raises on any graph break. AOTAutograd (aot_eager) runs the same ops
+    in the same order, so loss and all 25 gradients equal eager's bit for bit."""
+    q = kernel("qwen3")
+    _, model = q.tiny_models(seed=5)
+    ids, labels = qwen3_batch(6)
+    want_loss, want = q.loss_and_grads(model, ids, labels, q.fused_loss)
+    want = {n: g.clone() for n, g in want.items()}
+    compiled = torch.compile(q.fused_loss, backend="aot_eager", fullgraph=True)
+    loss, got = q.loss_and_grads(model, ids, labels, compiled)
+    assert torch.equal(loss, want_loss)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[n], g) for n, g in want.items())
+
+
+@cpu
+@pytest.mark.slow  # Inductor generates and compiles C++ for everything around the ops: seconds
+def test_qwen3_composes_with_inductor():
+    """Inductor fuses and reorders the eager parts (attention, residual adds, the embedding's
+    backward), so not bit for bit: within the swap check's 2 gamma_n norm-wise (qwen3.py)."""
+    q = kernel("qwen3")
+    _, model = q.tiny_models(seed=5)
+    ids, labels = qwen3_batch(6)
+    want_loss, want = q.loss_and_grads(model, ids, labels, q.fused_loss)
+    want = {n: g.clone() for n, g in want.items()}
+    compiled = torch.compile(q.fused_loss, fullgraph=True)
+    loss, got = q.loss_and_grads(model, ids, labels, compiled)
+    assert q.rel(loss, want_loss) <= q.TOLERANCE
+    assert all(q.rel(got[n], g) <= q.TOLERANCE for n, g in want.items())
+
+
 # The benchmark code, at tiny shapes with a stand-in timer ---------------------------------------
 
 
@@ -391,6 +557,33 @@ def test_measurement_code_runs_at_tiny_shapes():
         ("ours", 2, "fp32"), ("eager", None, None)]  # fmt: skip
     grads = (4 * 32 + 40 * 32) * 4
     assert loss[0]["extra_of_logits"] == (10**6 - grads) / (4 * 40 * 4)
+
+
+@cpu
+def test_from_python_view_at_tiny_shapes():
+    """Every (operator, entry point) timed in one interleaved call (fastest_interleaved's
+    {key: (fn, calls)} in, {key: Stat} out), each a forward + backward that reaches every leaf;
+    one row per operator with a column per entry point; the Functions' entry has no loss."""
+    m = kernel("measure")
+    s = m.Shapes(batch=1, seq=4, hidden=32, intermediate=48, q_heads=2, kv_heads=1, head_dim=8,
+                 vocab=40)  # fmt: skip
+    impls = m.implementations(("ours", "function", "eager"), s.hidden, s.eps)
+    assert "loss" not in impls["function"] and impls["ours"].keys() - {"loss"} == set(m.OPS)
+    seen = {}
+
+    def interleaved(steps):  # stand-in for fastest_interleaved: one call each, 1 ms
+        for key, (fn, calls) in steps.items():
+            grads = fn()
+            seen[key] = (calls, all(g is not None for g in grads))
+        return {key: Stat.of([1.0] * 21, "python-fastest", keep=7) for key in steps}
+
+    rows = m.measure_from_python(s, DEVICE, torch.float32, interleaved, impls)
+    assert list(seen) == [(op, n) for op in m.OPS for n in ("ours", "function", "eager")]
+    assert all(v == (m.PYTHON_CALLS, True) for v in seen.values())
+    assert [r["op"] for r in rows] == list(m.OPS)
+    assert set(rows[0]) == {"op", "ours", "function", "eager"}
+    assert rows[0]["ours"].clock == "python-fastest"
+    assert m.PYTHON_IMPLS == ("ours", "function", "compile", "liger")
 
 
 def tiny_plan(impls):
@@ -499,7 +692,7 @@ def test_linear_cross_entropy_bf16(exact_matmul_accumulation):
     h, w, labels = ce_case(
         1024, 1024, vocab, seed=0, dtype=torch.bfloat16, ignore=range(0, 1024, 3)
     )
-    loss = ce.LinearCrossEntropyFunction.apply(h, w, labels, -100, 256, torch.float32)
+    loss = ce.linear_cross_entropy(h, w, labels, -100, 256, torch.float32)
     dh, dw = torch.autograd.grad(loss, (h, w))
     exact, bound = cross_entropy_exact(h, w, labels)
     assert within({"loss": loss, "dh": dh, "dw": dw}, exact, bound)
