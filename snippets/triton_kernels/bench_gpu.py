@@ -17,6 +17,9 @@ pytest's start ~6. Now, estimated (the compiles are the uncertain part):
   GPU tests    ~4 -> ~3   inputs drawn on the GPU (~0.3 G normals were drawn on the CPU), the
                           loss test at the benchmark's vocabulary: its kernel from the cache
   total      68.4 -> ~50-57 s; if the workers do not help (a warning says so), 68.4 - ~1 s
+The last run took 45 s. Added since, not yet run: the from-Python view, 5 s of interleaved
+timings plus their warm-up (3 calls of each of 16 steps: ~0.1 s) and inputs, nothing compiled
+(our Functions launch our ops' kernels; torch.compile's and Liger's are compiled above): ~6 s.
 """
 
 import math
@@ -24,14 +27,17 @@ import math
 import torch
 
 from snippets.common.bench import ceilings, kernel_ms_each
+from snippets.common.hostbound import fastest_interleaved
 from snippets.common.results import write_result
 from snippets.triton_kernels import warm
 from snippets.triton_kernels.measure import (
     IMPLS,
+    PYTHON_IMPLS,
     Shapes,
     implementations,
     liger_ops,
     loss_flops,
+    measure_from_python,
     measure_loss,
     measure_ops,
     peak_bytes_cuda,
@@ -64,6 +70,11 @@ def loss_times(fns):  # one call of the loss is tens of ms of matmuls: two calls
     return kernel_ms_each(fns, calls=2, warmup=1, settle_ms=1000.0)
 
 
+def python_times(steps):  # from Python, the host's speed moving: the fastest 7 repeats of each,
+    # round by round over 5 s (hostbound.py found 8 s safer; the post's 60 s budget has ~6 s left)
+    return fastest_interleaved(steps, seconds=5.0)
+
+
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
 copy = ceil["copy_bytes_per_s"]
 plan = warm.Plan(SHAPES, DTYPE, IMPLS, ROWS_CHOICES, HIDDEN_SWEEP, SWEEP_IMPLS,
@@ -72,6 +83,9 @@ workers = warm.start(plan)  # other processes compile all that follows, into the
 impls = implementations(IMPLS, SHAPES.hidden, SHAPES.eps)  # meanwhile: imports Liger Kernel
 warm.finish(workers)  # they are done before our first call: the GPU is ours while we time
 ops, fwdbwd = measure_ops(SHAPES, "cuda", DTYPE, gpu_times, copy, impls)
+entries = implementations(("function",), SHAPES.hidden, SHAPES.eps) | impls  # our two entries
+entries = {name: entries[name] for name in PYTHON_IMPLS if name in entries}  # nothing compiles
+from_python = measure_from_python(SHAPES, "cuda", DTYPE, python_times, entries)
 rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_times, copy, ROWS_CHOICES)
 no_recompile = {name: fns for name, fns in impls.items() if name in SWEEP_IMPLS}  # H varies
 sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, gpu_times, copy, no_recompile)
@@ -86,6 +100,7 @@ write_result(
     "kernels",
     {"copy_tb_s": copy / 1e12, "liger": liger, "ops": ops, "fwdbwd": fwdbwd},
 )
+write_result("triton-kernels", "from-python", {"rows": from_python})
 write_result("triton-kernels", "rmsnorm-rows", {"rows": rows})
 write_result("triton-kernels", "rmsnorm-sweep", {"rows": sweep})
 chunks = math.ceil(SHAPES.tokens / LOSS_VARIANTS[0][1][0])  # of the default variant
