@@ -19,7 +19,9 @@ pytest's start ~6. Now, estimated (the compiles are the uncertain part):
   total      68.4 -> ~50-57 s; if the workers do not help (a warning says so), 68.4 - ~1 s
 The last run took 45 s. Added since, not yet run: the from-Python view, 5 s of interleaved
 timings plus their warm-up (3 calls of each of 16 steps: ~0.1 s) and inputs, nothing compiled
-(our Functions launch our ops' kernels; torch.compile's and Liger's are compiled above): ~6 s.
+(our Functions launch our ops' kernels; torch.compile's and Liger's are compiled above): ~6 s;
+the RMSNorm sweep over 8 hidden sizes instead of 2: 12 more forward + backward compiles (ours
+and Liger's) in the workers, side by side, and 12 more timed callables (~0.1 s each): ~2-4 s.
 """
 
 import math
@@ -48,7 +50,8 @@ from snippets.triton_kernels.measure import (
 # --8<-- [start:run]
 SHAPES, DTYPE = Shapes(), torch.bfloat16  # 2 x 4096 tokens, H 4096, I 12288, V 151,936
 ROWS_CHOICES = (16, 32, 64)  # RMSNorm backward: rows per program (16 is the default)
-HIDDEN_SWEEP = (8192, 16384)  # 16384 > MAX_BLOCK: our two-pass path (4096: the main table)
+HIDDEN_SWEEP = (1024, 2048, 3072, 4096, 5120, 8192, 12288, 16384)  # 1 K-16 K, powers of two and
+# three between (a row padded to the next power of two); 12288 and 16384 > MAX_BLOCK: two passes
 SWEEP_IMPLS = ("ours", "liger")  # torch.compile would compile again for each H
 LOSS_VARIANTS = [  # (implementation, (chunk rows, dW accumulator) for ours)
     ("ours", (1024, torch.float32)),  # the default
