@@ -126,6 +126,33 @@ def test_kernel_ms_each_settles_each_callable_untimed_inside_the_session(monkeyp
         bench.kernel_ms_each(fns, settle_ms=[1.0, 1.0])
 
 
+def test_kernel_ms_by_settles_inside_the_session_and_leaves_the_settling_out(monkeypatch):
+    """settle_ms: one settling run (chunks of about SETTLE_CHUNK_MS) before the repeats, in the
+    same session; its kernels count in no class. Without it, no settling run."""
+    runs = []
+
+    def fake_profile(batch):
+        spans, t = [], 0
+        for _fn, calls in batch:
+            runs.append(calls)
+            settle = isinstance(calls, bench.Settle)
+            spans.append((SPIN, t, t + 1))
+            for i, name in enumerate(("gemm", "copy") * (50 if settle else calls)):
+                spans.append((name, t + 10 + i * 10**6, t + 10 + i * 10**6 + (3 if settle else 2)))
+            t += 10**12
+        return spans
+
+    monkeypatch.setattr(bench, "_profile", fake_profile)
+    monkeypatch.setattr(bench, "_once_ms", lambda fn: 5.0)  # 5 ms a call: chunks of 10 calls
+    by = bench.kernel_ms_by(lambda: None, lambda n: n, repeats=5, calls=2, settle_ms=300.0)
+    assert runs == [bench.Settle(0.3, 10)] + [2] * 5
+    assert by["gemm"]["ms"].median == by["gemm"]["ms"].hi == pytest.approx(2e-6)  # ms a call
+    assert by["gemm"]["kernels"] == 1 and by["copy"]["kernels"] == 1
+    runs.clear()
+    bench.kernel_ms_by(lambda: None, lambda n: n, repeats=5, calls=2)
+    assert runs == [2] * 5
+
+
 def test_kernel_ms_each_times_again_what_the_clocks_changed_under(monkeypatch, tmp_path):
     """Not interleaved, a callable whose repeats spread wider than MAX_SPREAD (its clocks
     dropped mid-way: three fast repeats, four slow) is timed once more in a new session,

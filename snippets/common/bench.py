@@ -397,12 +397,18 @@ def kernel_ms_each(fns, *, repeats: int = REPEATS, calls: int | None = None,
 
 
 @_traced
-def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1,
-                 warmup: int = 1) -> dict[str, dict]:  # fmt: skip
-    """kernel_ms per class of kernel: {classify(name): {"ms": Stat, "kernels": per call}}."""
+def kernel_ms_by(fn, classify, *, repeats: int = REPEATS, calls: int = 1, warmup: int = 1,
+                 settle_ms: float = 0.0) -> dict[str, dict]:  # fmt: skip
+    """kernel_ms per class of kernel: {classify(name): {"ms": Stat, "kernels": per call}}.
+    settle_ms: a settling run inside the profiler session before the repeats, left out (see
+    kernel_ms_each: without it a power-hungry step's first repeats ran in the fast phase)."""
     for _ in range(warmup):
         fn()
-    sums = _kernel_sums(fn, repeats, calls, classify)
+    runs = [(fn, calls)] * repeats
+    if settle_ms > 0:
+        runs = [(fn, Settle(settle_ms / 1e3, max(1, math.ceil(SETTLE_CHUNK_MS / _once_ms(fn)))))]
+        runs += [(fn, calls)] * repeats
+    sums = split_runs(_profile(runs), len(runs), classify)[len(runs) - repeats :]
     classes = sorted({c for s in sums for c in s}, key=str)
     out = {}
     for c in classes:
