@@ -463,6 +463,21 @@ def qwen3_batch(seed):
 
 
 @cpu
+def test_an_autograd_function_does_not_compile_whole_in_the_interpreter():
+    """Why the page registers custom ops, the part CI can see: on the CPU (Triton's
+    interpreter) Dynamo cannot trace the kernels inside an autograd.Function, so fullgraph
+    raises; the registered op compiles (test_qwen3_composes_with_torch_compile)."""
+    rn = kernel("rmsnorm")
+    x = torch.randn(4, 32, requires_grad=True)
+    w = torch.ones(32, requires_grad=True)
+    compiled = torch.compile(lambda x, w: rn.RMSNormFunction.apply(x, w, 1e-6),
+                             backend="aot_eager", fullgraph=True)  # fmt: skip
+    with pytest.raises(torch._dynamo.exc.Unsupported):
+        compiled(x, w)
+    torch._dynamo.reset()
+
+
+@cpu
 @pytest.mark.slow  # Dynamo and AOTAutograd trace the TINY model, then it runs twice: ~7-10 s
 def test_qwen3_composes_with_torch_compile():
     """The fused forward (all five ops: RMSNorm, add + RMSNorm, RoPE, SwiGLU, linear + CE) in
