@@ -293,23 +293,16 @@ def test_graph_ms_collects_before_the_settle_not_between_it_and_the_repeats(monk
     assert t.n == 5 and log == ["collect", "settle"] + ["replay"] * 5, log
 
 
-def test_step_ms_collects_before_the_settle_not_between_it_and_the_repeats(monkeypatch):
-    """As graph_ms: the settling steps follow the collection, and the repeats follow them."""
-    monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
-    clock, log = [0.0], []
-    monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(bench.gc, "collect", lambda: log.append("collect"))
-
-    def step():
-        log.append("step")
-        clock[0] += 0.25
-
-    bench.step_ms(step, repeats=5, calls=3, settle_s=1.0, warmup=0)
-    assert log == ["collect"] + ["step"] * (4 + 5 * 3), log  # 4 settling steps, then 5 x 3
-
-
-def test_python_ms_collects_before_its_settle_not_between_it_and_the_repeats(monkeypatch):
-    """As graph_ms: with settle_s, the settling calls follow the collection, then the repeats."""
+@pytest.mark.parametrize(("timer", "kwargs", "want"), [
+    # 4 settling calls of 0.25 s, then 5 repeats of 3 calls
+    ("step_ms", {"calls": 3, "warmup": 0}, ["collect"] + ["call"] * (4 + 5 * 3)),
+    # 1 warm-up call, the collection, 4 settling calls, then 5 repeats of 2 calls
+    ("python_ms", {"calls": 2, "warmup": 1}, ["call", "collect"] + ["call"] * (4 + 5 * 2)),
+])  # fmt: skip
+def test_host_timers_collect_before_their_settle_not_between_it_and_the_repeats(
+    monkeypatch, timer, kwargs, want
+):
+    """As graph_ms: the settling calls follow the collection, and the repeats follow them."""
     monkeypatch.setattr(bench.torch.cuda, "synchronize", lambda: None)
     clock, log = [0.0], []
     monkeypatch.setattr(bench.time, "perf_counter", lambda: clock[0])
@@ -317,11 +310,10 @@ def test_python_ms_collects_before_its_settle_not_between_it_and_the_repeats(mon
 
     def call():
         log.append("call")
-        clock[0] += 0.1
+        clock[0] += 0.25
 
-    bench.python_ms(call, repeats=5, calls=2, warmup=1, settle_s=0.3)
-    # 1 warm-up, the collection, 3 settling calls (0.1 s each), then 5 repeats of 2 calls
-    assert log == ["call", "collect"] + ["call"] * (3 + 5 * 2), log
+    getattr(bench, timer)(call, repeats=5, settle_s=1.0, **kwargs)
+    assert log == want, log
 
 
 def test_a_long_settle_sets_nvml_up_before_its_first_chunk(monkeypatch):
