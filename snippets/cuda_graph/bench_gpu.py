@@ -29,7 +29,7 @@ steps = {(name, *key): step for name, cfg in MODELS
 eager, graph = train_step(SMALL, 4, 256, DTYPE)  # batch 4 x 256 tokens
 steps["train", "small", "eager"] = (eager, TRAIN_CALLS["small"])
 steps["train", "small", "graph"] = (graph, TRAIN_CALLS["small"])
-# every step the host's speed moves, round by round over one window: ~10 s
+# every step the host's speed moves, round by round over one window: ~15 s
 host = fastest_interleaved(steps)
 # the 8B-wide training step is bound by the GPU (~85 ms): all 15 repeats
 eager, graph = train_step(MID, 4, 1024, DTYPE)  # batch 4 x 1024 tokens

@@ -25,7 +25,7 @@ SMALL = replace(  # Qwen3-0.6B's widths (hidden 1024, 16:8 heads of 128), 4 laye
 )  # fmt: skip
 MID = replace(QWEN3_8B, num_hidden_layers=4)  # Qwen3-8B's widths, 4 layers
 # steps per timed repeat, each waited for; a repeat's value: its median step. A round of
-# the window (all of them, one repeat each) takes ~90 ms: ~110 rounds in 10 s
+# the window (all of them, one repeat each) takes ~90 ms: ~165 rounds in 15 s
 DECODE_CALLS = {"eager": 2, "graph": 4}  # ~10-14 ms eager, ~4-7 ms replayed
 TRAIN_CALLS = {"small": 1, "mid": 1}  # ~17 ms / ~9 ms (small), ~85 ms (mid)
 COMPILED_CALLS, COMPILED_REPEATS = 4, 15  # reduce-overhead: the fastest 15 of 45 repeats

@@ -84,7 +84,9 @@ host-bound timings now share one window of 10 s (hostbound.fastest_interleaved),
 ~8.5 s for the three before (21 repeats each and their settling): +1.5 s, ~57 s on a slow host.
 The thirteenth (4976e44), 59.3 s on a slow host (the loop at 13-15 ms): recompile ±3 %,
 pageable ±2.8 %, but launch ±13.8 %: one ~13 ms repeat in each ~300 ms round (34 rounds). Now
-6 repeats a round (+0.4 s), recompile 1 step a repeat (~44 rounds).
+6 repeats a round (+0.4 s), recompile 1 step a repeat (~44 rounds). At 733fb02: 44.8 s on a
+fast host. hostbound's window is now 15 s (10 s failed cuda-graph's eager decode twice on slow
+hosts, and this post's launch and pageable before): +5 s, ~50 s fast, up to ~60 s slow.
 """
 
 import gc
@@ -166,7 +168,7 @@ HOST_BOUND = {"pageable": (1, 2), "launch": (16, 6), "recompile": (1, 1)}
 
 
 def host_bound(calls: dict) -> dict:  # the CPU-bound steps, each the fastest 7 of its repeats
-    # taken round by round over one window of 10 s or more (hostbound.py: the host's slow
+    # taken round by round over one window of 15 s or more (hostbound.py: the host's slow
     # phases last seconds, and any shorter window can sit in one or straddle two), the host's
     # state over it recorded in `host`
     with host_watch({"timing": "interleaved"}) as state:
