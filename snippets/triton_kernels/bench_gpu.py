@@ -74,7 +74,7 @@ def loss_times(fns):  # one call of the loss is tens of ms of matmuls: two calls
 
 
 def python_times(steps):  # from Python, the host's speed moving: the fastest 7 repeats of each,
-    # round by round over 5 s (hostbound.py found 8 s safer; the post's 60 s budget has ~6 s left)
+    # round by round over 5 s (hostbound uses 15 s; more would not fit the post's 60 s budget)
     return fastest_interleaved(steps, seconds=5.0)
 
 
