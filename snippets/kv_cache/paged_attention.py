@@ -23,7 +23,7 @@ from snippets.common.device import DEVICE, ON_GPU
 from snippets.kv_cache.paged import BlockManager
 from snippets.triton_kernels.numerics import U, eta, gamma, unit_roundoff, within
 
-TILE = 64  # tokens per loop iteration (gathered from one or more blocks)
+TILE = 64  # tokens per loop iteration (gathered from one or more blocks) when not chosen
 MAX_SPLITS = 64  # most programs one sequence's context is split over
 E4M3_MAX = 448.0  # largest finite float8_e4m3fn (Micikevicius et al. 2022, Table 1)
 
@@ -133,6 +133,20 @@ def split_plan(batch: int, kv_heads: int, max_len: int, tile: int, sms: int, spl
     return per, triton.cdiv(tiles, per)
 
 
+def launch_config(batch: int, kv_heads: int, fp8: bool, sms: int) -> tuple[int, int, int]:
+    """(tile, warps, stages) of the decode kernel, from a sweep on the H200 at Qwen3-8B's heads
+    (tile 64 / 128, 4 / 8 warps, 2-4 stages; batch 16 x 1K, 4 x 32K, 64 x 32K). When the
+    context is split (fewer (sequence, KV head) pairs than SMs) a split holds few tiles and
+    128-token tiles halve the loop's fixed work per token; with a program per pair and many
+    pairs, 64-token tiles keep more programs resident. The FP8 cache: 128-token tiles, two
+    stages, at every shape swept."""
+    if fp8:
+        return 128, 4, 2
+    if batch * kv_heads < sms:
+        return 128, 4, 3
+    return TILE, 4, 2
+
+
 def sm_count(device) -> int:
     """Streaming multiprocessors of a CUDA device; 1 elsewhere (no split unless asked)."""
     device = torch.device(device)
@@ -173,12 +187,20 @@ def _check(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale):
 
 
 def paged_decode(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=None, *, k_scale=None,
-                 v_scale=None, tile=TILE, splits=None, num_warps=4):  # fmt: skip
+                 v_scale=None, tile=None, splits=None, num_warps=None,
+                 num_stages=None):  # fmt: skip
     """Attention of one query token per sequence over its cached tokens, read through the block
     table; softmax scale 1/sqrt(D). max_seq_len: the longest length in the batch (the scheduler
     knows it; when None it is read from seq_lens, a host sync). splits: the most programs a
-    sequence's context is split over (None: about two programs per SM on the GPU, one on CPU)."""
+    sequence's context is split over (None: about two programs per SM on the GPU, one on CPU).
+    tile, num_warps, num_stages: None takes launch_config's choice."""
     _check(q, k_cache, v_cache, block_table, seq_lens, k_scale, v_scale)
+    fp8 = k_scale is not None
+    sms = sm_count(q.device)
+    given = (tile, num_warps, num_stages)
+    chosen = launch_config(q.shape[0], k_cache.shape[2], fp8, sms)
+    picked = (c if g is None else g for g, c in zip(given, chosen, strict=True))
+    tile, num_warps, num_stages = picked
     if tile < 16 or tile & (tile - 1):
         raise ValueError(f"tile must be a power of two >= 16 (tl.dot's smallest), got {tile}")
     batch, q_heads, d = q.shape
@@ -189,8 +211,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=None, *
     if max_seq_len > block_table.shape[1] * block_size:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the block table's "
                          f"{block_table.shape[1]} blocks of {block_size}")  # fmt: skip
-    per, n_splits = split_plan(batch, kv_heads, max_seq_len, tile, sm_count(q.device), splits)
-    fp8 = k_scale is not None
+    per, n_splits = split_plan(batch, kv_heads, max_seq_len, tile, sms, splits)
     out = torch.empty_like(q)
     if n_splits > 1:  # per split: fp32 output and log-sum-exp, combined below
         o = torch.empty(batch, q_heads, n_splits, d, device=q.device, dtype=torch.float32)
@@ -207,6 +228,7 @@ def paged_decode(q, k_cache, v_cache, block_table, seq_lens, max_seq_len=None, *
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), D=d,
         BLOCK_SIZE=block_size, TILE=tile, TILES_PER_SPLIT=per, FP8=fp8, SPLIT=n_splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps,
+        num_stages=num_stages,
     )  # fmt: skip
     if n_splits > 1:
         combine_splits_kernel[(batch, q_heads)](
@@ -330,7 +352,9 @@ def paged_cache(manager: BlockManager, kv_heads, d, dtype, seed=0):
 
 
 def check_paged_decode(q, k, v, table, lens, tile, splits, fp8=False):
-    """The kernel against the fp64 reference on the same (dequantized) K/V values."""
+    """The kernel against the fp64 reference on the same (dequantized) K/V values; tile None:
+    launch_config's."""
+    tile = tile or launch_config(len(lens), k.shape[2], fp8, sm_count(q.device))[0]
     scales = {}
     if fp8:
         (k, scales["k_scale"]), (v, scales["v_scale"]) = quantize_fp8(k), quantize_fp8(v)

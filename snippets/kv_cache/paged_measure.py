@@ -15,7 +15,13 @@ import torch.nn.functional as F
 import triton
 
 from snippets.common.bench import rate
-from snippets.kv_cache.paged_attention import TILE, paged_decode, quantize_fp8, sm_count, split_plan
+from snippets.kv_cache.paged_attention import (
+    launch_config,
+    paged_decode,
+    quantize_fp8,
+    sm_count,
+    split_plan,
+)
 
 
 # --8<-- [start:bytes]
@@ -134,9 +140,12 @@ def measure(shapes, heads: Heads, device, dtype, kernel_times, copy_bytes_per_s,
             fp8_bytes = decode_bytes(lens, heads, block_size, elem, 1, SCALE_BYTES)
             sdpa_bytes = decode_bytes(lens, heads, block_size, elem, elem, paged=False)
             ours, fp8, sdpa = next(times), next(times), next(times)
+            sms = sm_count(device)
+            tile = launch_config(batch, heads.kv, False, sms)[0]
             rows.append({
                 "batch": batch, "context": context,
-                "splits": split_plan(batch, heads.kv, context, TILE, sm_count(device))[1],
+                "splits": split_plan(batch, heads.kv, context, tile, sms)[1], "tile": tile,
+                "fp8_tile": launch_config(batch, heads.kv, True, sms)[0],
                 "ours_ms": ours, "ours_of_copy": rate(ours_bytes, ours) / copy_bytes_per_s,
                 "fp8_ms": fp8, "fp8_of_copy": rate(fp8_bytes, fp8) / copy_bytes_per_s,
                 "fp8_speedup": ours / fp8,

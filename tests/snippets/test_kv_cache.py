@@ -568,6 +568,14 @@ def test_split_plan():
     assert pa.split_plan(1, 1, 10**6, 64, 132, splits=1000)[1] <= pa.MAX_SPLITS
 
 
+def test_launch_config_follows_the_split_regime():
+    pa = attention_module()
+    assert pa.launch_config(16, 8, False, 132) == (128, 4, 3)  # 128 pairs < 132 SMs: split
+    assert pa.launch_config(64, 8, False, 132) == (64, 4, 2)  # 512 pairs: one program each
+    assert pa.launch_config(64, 8, True, 132) == (128, 4, 2)  # FP8: one choice
+    assert pa.launch_config(1, 8, False, 1)[0] == pa.TILE  # CPU: never split by default
+
+
 def bad(case, **change):
     q, k, v, table, lens = case
     args = {"q": q, "k_cache": k, "v_cache": v, "block_table": table, "seq_lens": lens} | change
@@ -657,8 +665,8 @@ def test_measure_runs_at_tiny_shapes():
                    rotate_bytes=rotate, max_cache_bytes=limit)  # fmt: skip
     assert [(r["batch"], r["context"], r["splits"]) for r in rows] == [(2, 40, 1), (1, 17, 1)]
     assert sessions == [3, 3]
-    columns = ("batch context splits ours_ms ours_of_copy fp8_ms fp8_of_copy fp8_speedup sdpa_ms "
-               "sdpa_of_copy vs_sdpa")  # fmt: skip
+    columns = ("batch context splits tile fp8_tile ours_ms ours_of_copy fp8_ms fp8_of_copy "
+               "fp8_speedup sdpa_ms sdpa_of_copy vs_sdpa")  # fmt: skip
     assert set(rows[0]) == set(columns.split())
     ours, fp8, sdpa = calls[:3]  # same values: the paged caches and the contiguous one agree
     assert ours.shape == sdpa.squeeze(2).shape == (2, 4, 16)
@@ -685,6 +693,7 @@ def test_paged_decode_gpu_qwen3_heads(dtype, block_size, fp8):
     case = paged_case([1, 100, 1000, 4097], heads.q, heads.kv, heads.dim, block_size, dtype)
     assert kernel_within_bound(case, 64, splits=None, fp8=fp8)  # splits chosen for the GPU
     assert kernel_within_bound(case, 64, splits=1, fp8=fp8)
+    assert kernel_within_bound(case, None, splits=None, fp8=fp8)  # launch_config's tile (128)
 
 
 # ------------------------------------------------------------------ request lengths, links, offload
