@@ -50,7 +50,7 @@ class LowPrecisionDW(RMSNormFunction):
         x2, weight, rstd = ctx.saved_tensors
         dy2 = as_rows(dy)
         rows, h = x2.shape
-        per = ctx.rows_per_program or ROWS_PER_PROGRAM
+        per = ctx.tile[1] or ROWS_PER_PROGRAM  # tile: block, rows per program, rows per step
         programs = triton.cdiv(rows, per)
         partial = torch.empty(programs, h, device=x2.device, dtype=torch.float32)
         dx = torch.empty_like(x2)
@@ -97,7 +97,7 @@ class WeightFirstRMSNorm(RMSNormFunction):
             x2, y, weight, rstd, x2.stride(0), y.stride(0), h, eps, BLOCK=triton.next_power_of_2(h)
         )
         ctx.save_for_backward(x2, weight, rstd)
-        ctx.shape, ctx.block, ctx.rows_per_program = x.shape, block, rows_per_program
+        ctx.shape, ctx.tile = x.shape, (block, rows_per_program, None)
         return y.view(x.shape)
 
 

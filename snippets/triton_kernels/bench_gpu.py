@@ -49,7 +49,7 @@ from snippets.triton_kernels.measure import (
 
 # --8<-- [start:run]
 SHAPES, DTYPE = Shapes(), torch.bfloat16  # 2 x 4096 tokens, H 4096, I 12288, V 151,936
-ROWS_CHOICES = (16, 32, 64)  # RMSNorm backward: rows per program (16 is the default)
+ROWS_CHOICES = ((16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4))  # (rows a program, a step)
 HIDDEN_SWEEP = (1024, 2048, 3072, 4096, 5120, 8192, 12288, 16384)  # 1 K-16 K, powers of two and
 # three between (a row padded to the next power of two); 12288 and 16384 > MAX_BLOCK: two passes
 SWEEP_IMPLS = ("ours", "liger")  # torch.compile would compile again for each H

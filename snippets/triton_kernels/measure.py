@@ -212,24 +212,29 @@ def measure_ops(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, impls,
 
 
 def sweep_rows_per_program(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, choices):
-    """Our RMSNorm backward for several ROWS: fewer rows per program give more programs in
-    flight but a larger fp32 partial-sum buffer (programs x H, written once and read once)."""
+    """Our RMSNorm and add + RMSNorm backward for several (rows per program, rows per loop
+    step): fewer rows per program give more programs in flight but a larger fp32 partial-sum
+    buffer (programs x H, written once and read once); more rows a step put more loads in
+    flight between two reductions."""
     elem = torch.finfo(dtype).bits // 8
     t, h = s.tokens, s.hidden
-    backwards = []
-    for per in choices:
-        leaves, extra = op_inputs("rmsnorm", s, device, dtype)
+    cases = []
+    for op, fn in (("rmsnorm", rms_norm), ("add_rmsnorm", add_rms_norm)):
+        for per, step in choices:
+            leaves, extra = op_inputs(op, s, device, dtype)
 
-        def norm(x, w, eps, per=per):
-            return rms_norm(x, w, eps, None, per)
+            def norm(*args, fn=fn, tile=(per, step)):
+                return fn(*args, None, *tile)
 
-        backwards.append(runners(norm, leaves, extra)[1])
+            cases.append((op, per, step, runners(norm, leaves, extra)[1]))
     rows = []
-    for per, ms in zip(choices, kernel_times(backwards), strict=True):
+    times = kernel_times([case[3] for case in cases])
+    for (op, per, step, _), ms in zip(cases, times, strict=True):
         programs = -(-t // per)
-        rows.append({"rows_per_program": per, "programs": programs,
-                     "partial_mb": 2 * programs * h * 4 / 1e6, "bwd_ms": ms,
-                     "bwd_of_copy": rate(3 * t * h * elem, ms) / copy_bytes_per_s})  # fmt: skip
+        of_copy = rate(byte_model(op, s, elem)[1], ms) / copy_bytes_per_s
+        rows.append({"op": op, "rows_per_program": per, "rows_per_step": step,
+                     "programs": programs, "partial_mb": 2 * programs * h * 4 / 1e6, "bwd_ms": ms,
+                     "bwd_of_copy": of_copy})  # fmt: skip
     return rows
 
 

@@ -19,7 +19,11 @@ from snippets.common.device import DEVICE
 from snippets.triton_kernels.numerics import CHECK_DTYPES, rmsnorm_exact, within
 
 MAX_BLOCK = 8192  # widest row (elements) kept whole in registers; wider rows loop over blocks
-ROWS_PER_PROGRAM = 16  # backward: rows per program, whose dw partial sum stays in registers
+ROWS_PER_PROGRAM = 16  # backward of wide rows: rows per program (dw partial sum in registers)
+# backward of rows kept whole: (rows per program, rows per loop step), by fused (add) or not;
+# from a sweep on the H200 at 8192 x 4096 bf16 (rows 16 / 32 / 64, steps 1 / 2 / 4, 8 / 16 warps)
+BWD_TILE = {False: (32, 2), True: (64, 4)}
+MAX_STEP_ELEMS = 16384  # rows per step x BLOCK at most: registers for dy, x, g, n of a step
 
 
 # --8<-- [start:forward]
@@ -98,22 +102,25 @@ def _store_dx(DX, DS, dx_off, ds_off, c, mask, g, n, dot, rstd, H, HAS_DSUM: tl.
 def rmsnorm_bwd_kernel(
     DY, X, W, RSTD, DS, DX, DW_PART,  # X: the norm's input (s for the fused variant)
     stride_dy, stride_x, stride_ds, stride_dx, n_rows, H,
-    HAS_DSUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, N_BLOCKS: tl.constexpr,
+    HAS_DSUM: tl.constexpr, ROWS: tl.constexpr, STEP: tl.constexpr, BLOCK: tl.constexpr,
+    N_BLOCKS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0).to(tl.int64)  # program pid owns rows [pid * ROWS, pid * ROWS + ROWS)
     cols = tl.arange(0, BLOCK)
     if N_BLOCKS == 1:  # one read of dy and x per row; dw partial sum in fp32 registers
         dw = tl.zeros([BLOCK], dtype=tl.float32)
-        for i in range(ROWS):
-            row = pid * ROWS + i
+        c = cols[None, :]
+        for i in range(0, ROWS, STEP):  # a [STEP, BLOCK] tile: STEP rows' loads in flight
+            row = pid * ROWS + i + tl.arange(0, STEP)
             live = row < n_rows
-            mask = (cols < H) & live
-            rstd = tl.load(RSTD + row, mask=live, other=0.0)
-            dy, g, n = _grad_terms(DY, X, W, row * stride_dy, row * stride_x, cols, mask, rstd)
-            dot = tl.sum(g * n, axis=0)
-            _store_dx(DX, DS, row * stride_dx, row * stride_ds, cols, mask, g, n, dot, rstd, H,
-                      HAS_DSUM)  # fmt: skip
-            dw += dy * n.to(X.dtype.element_ty).to(tl.float32)  # the weight saw round_x(n)
+            mask = (c < H) & live[:, None]
+            rstd = tl.load(RSTD + row, mask=live, other=0.0)[:, None]
+            dy, g, n = _grad_terms(DY, X, W, row[:, None] * stride_dy, row[:, None] * stride_x,
+                                   c, mask, rstd)  # fmt: skip
+            dot = tl.sum(g * n, axis=1)[:, None]
+            _store_dx(DX, DS, row[:, None] * stride_dx, row[:, None] * stride_ds, c, mask, g, n,
+                      dot, rstd, H, HAS_DSUM)  # fmt: skip
+            dw += tl.sum(dy * n.to(X.dtype.element_ty).to(tl.float32), axis=0)  # saw round_x(n)
         tl.store(DW_PART + pid * H + cols, dw, mask=cols < H)
     else:  # wide rows: per-row dot products first (kept in registers), then column blocks
         idx = tl.arange(0, ROWS)
@@ -178,11 +185,27 @@ def rmsnorm_forward(x, weight, eps, residual=None, block=None):
     return y, rstd, s
 
 
-def rmsnorm_backward(dy, x, weight, rstd, dsum=None, block=None, rows_per_program=None):
+def bwd_tile(h, fused, block=None, rows_per_program=None, rows_per_step=None):
+    """(block, column blocks, warps, rows per program, rows per step) of the backward. Rows kept
+    whole run STEP rows a loop step (BWD_TILE by default), so a program has STEP rows' loads in
+    flight between two reductions; warps grow with the tile (at least _block's)."""
+    block, n_blocks, num_warps = _block(h, block)
+    per, step = BWD_TILE[fused] if n_blocks == 1 else (ROWS_PER_PROGRAM, 1)
+    if rows_per_program is not None:  # given: one row a step unless that is given too
+        per, step = rows_per_program, 1
+    step = rows_per_step or min(step, max(1, MAX_STEP_ELEMS // block))
+    if step & (step - 1) or per % step or (n_blocks > 1 and step > 1):
+        raise ValueError(f"rows per step {step} must be a power of two dividing rows per program "
+                         f"{per} (1 when a row spans {n_blocks} blocks)")  # fmt: skip
+    return block, n_blocks, min(16, max(num_warps, step * block // 1024)), per, step
+
+
+def rmsnorm_backward(dy, x, weight, rstd, dsum=None, block=None, rows_per_program=None,
+                     rows_per_step=None):  # fmt: skip
     """dx (also dr for the fused variant) and dw; dw summed in fp32 over per-program partials."""
     rows, h = x.shape
-    block, n_blocks, num_warps = _block(h, block)
-    per = rows_per_program or ROWS_PER_PROGRAM
+    block, n_blocks, num_warps, per, step = bwd_tile(h, dsum is not None, block, rows_per_program,
+                                                     rows_per_step)  # fmt: skip
     programs = triton.cdiv(rows, per)
     partial = torch.empty(programs, h, device=x.device, dtype=torch.float32)
     dx = torch.empty(rows, h, device=x.device, dtype=x.dtype)
@@ -190,7 +213,7 @@ def rmsnorm_backward(dy, x, weight, rstd, dsum=None, block=None, rows_per_progra
     rmsnorm_bwd_kernel[(programs,)](
         dy, x, weight, rstd, ds, dx, partial,
         dy.stride(0), x.stride(0), ds.stride(0), dx.stride(0), rows, h,
-        HAS_DSUM=dsum is not None, ROWS=per, BLOCK=block, N_BLOCKS=n_blocks,
+        HAS_DSUM=dsum is not None, ROWS=per, STEP=step, BLOCK=block, N_BLOCKS=n_blocks,
         num_warps=num_warps,
     )  # fmt: skip
     return dx, partial.sum(0).to(weight.dtype)  # the reduction over programs, in fp32
@@ -202,41 +225,38 @@ def rmsnorm_backward(dy, x, weight, rstd, dsum=None, block=None, rows_per_progra
 # --8<-- [start:autograd]
 class RMSNormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, eps, block=None, rows_per_program=None):
+    def forward(ctx, x, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
         x2 = as_rows(x)
         y, rstd, _ = rmsnorm_forward(x2, weight, eps, block=block)
         ctx.save_for_backward(x2, weight, rstd)
-        ctx.shape, ctx.block, ctx.rows_per_program = x.shape, block, rows_per_program
+        ctx.shape, ctx.tile = x.shape, (block, rows_per_program, rows_per_step)
         return y.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy):
         x2, weight, rstd = ctx.saved_tensors
-        dx, dw = rmsnorm_backward(
-            as_rows(dy), x2, weight, rstd, block=ctx.block, rows_per_program=ctx.rows_per_program
-        )
-        return dx.view(ctx.shape), dw, None, None, None
+        dx, dw = rmsnorm_backward(as_rows(dy), x2, weight, rstd, None, *ctx.tile)
+        return dx.view(ctx.shape), dw, None, None, None, None
 
 
 class AddRMSNormFunction(torch.autograd.Function):
     """(x, residual) -> (s = x + residual, RMSNorm(s)): one read of x and r, one write of each."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, eps, block=None, rows_per_program=None):
+    def forward(ctx, x, residual, weight, eps, block=None, rows_per_program=None,
+                rows_per_step=None):  # fmt: skip
         y, rstd, s = rmsnorm_forward(as_rows(x), weight, eps, residual=as_rows(residual),
                                      block=block)  # fmt: skip
         ctx.save_for_backward(s, weight, rstd)
-        ctx.shape, ctx.block, ctx.rows_per_program = x.shape, block, rows_per_program
+        ctx.shape, ctx.tile = x.shape, (block, rows_per_program, rows_per_step)
         return s.view(x.shape), y.view(x.shape)
 
     @staticmethod
     def backward(ctx, ds, dy):
         s, weight, rstd = ctx.saved_tensors
-        dx, dw = rmsnorm_backward(
-            as_rows(dy), s, weight, rstd, as_rows(ds), ctx.block, ctx.rows_per_program
-        )
+        dx, dw = rmsnorm_backward(as_rows(dy), s, weight, rstd, as_rows(ds), *ctx.tile)
         dx = dx.view(ctx.shape)
-        return dx, dx, dw, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
+        return dx, dx, dw, None, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
 
 
 # --8<-- [end:autograd]
@@ -248,21 +268,23 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 
 @torch.library.custom_op("handbook::rms_norm", mutates_args=())
 def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, block: int | None = None,
-                rows_per_program: int | None = None) -> Pair:  # fmt: skip
-    """(y, rstd): the same launcher as RMSNormFunction; rows_per_program is for the backward."""
+                rows_per_program: int | None = None, rows_per_step: int | None = None
+                ) -> Pair:  # fmt: skip
+    """(y, rstd): the same launcher as RMSNormFunction; rows_per_* are for the backward."""
     y, rstd, _ = rmsnorm_forward(as_rows(x), weight, eps, block=block)
     return y.view(x.shape), rstd
 
 
 @rms_norm_op.register_fake
-def _(x, weight, eps, block=None, rows_per_program=None):  # shapes, dtypes, strides only
+def _(x, weight, eps, block=None, rows_per_program=None, rows_per_step=None):  # shapes etc. only
     y = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
     return y, x.new_empty(math.prod(x.shape[:-1]), dtype=torch.float32)
 
 
 @torch.library.custom_op("handbook::add_rms_norm", mutates_args=())
 def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
-                    block: int | None = None, rows_per_program: int | None = None
+                    block: int | None = None, rows_per_program: int | None = None,
+                    rows_per_step: int | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """(s = x + residual, y = RMSNorm(s), rstd), as AddRMSNormFunction."""
     y, rstd, s = rmsnorm_forward(as_rows(x), weight, eps, residual=as_rows(residual),
@@ -271,7 +293,7 @@ def add_rms_norm_op(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tenso
 
 
 @add_rms_norm_op.register_fake
-def _(x, residual, weight, eps, block=None, rows_per_program=None):
+def _(x, residual, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
     y = x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype))
     return x.new_empty(x.shape), y, x.new_empty(math.prod(x.shape[:-1]), dtype=torch.float32)
 
@@ -279,34 +301,35 @@ def _(x, residual, weight, eps, block=None, rows_per_program=None):
 @torch.library.custom_op("handbook::rms_norm_backward", mutates_args=())
 def rms_norm_backward_op(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          rstd: torch.Tensor, dsum: torch.Tensor | None, block: int | None,
-                         rows_per_program: int | None) -> Pair:  # fmt: skip
+                         rows_per_program: int | None, rows_per_step: int | None
+                         ) -> Pair:  # fmt: skip
     """(dx, dw) for both ops; x is the norm's input (the sum s for the fused one), dsum the
     sum's own gradient (fused only), which joins dx: then dx is also d residual."""
     dx, dw = rmsnorm_backward(as_rows(dy), as_rows(x), weight, rstd,
                               None if dsum is None else as_rows(dsum), block,
-                              rows_per_program)  # fmt: skip
+                              rows_per_program, rows_per_step)  # fmt: skip
     return dx.view(x.shape), dw
 
 
 @rms_norm_backward_op.register_fake
-def _(dy, x, weight, rstd, dsum, block, rows_per_program):
+def _(dy, x, weight, rstd, dsum, block, rows_per_program, rows_per_step):
     return x.new_empty(x.shape), torch.empty_like(weight, memory_format=torch.contiguous_format)
 
 
 def _setup_norm(ctx, inputs, output):
-    x, weight, _, ctx.block, ctx.rows_per_program = inputs
+    x, weight, _, *ctx.tile = inputs  # tile: block, rows per program, rows per step
     ctx.save_for_backward(x, weight, output[1])
     ctx.mark_non_differentiable(output[1])  # rstd: a statistic saved for the backward
 
 
 def _norm_backward(ctx, dy, _):
     x, weight, rstd = ctx.saved_tensors
-    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, None, ctx.block, ctx.rows_per_program)
-    return dx, dw, None, None, None
+    dx, dw = rms_norm_backward_op(dy, x, weight, rstd, None, *ctx.tile)
+    return dx, dw, None, None, None, None
 
 
 def _setup_add_norm(ctx, inputs, output):
-    _, _, weight, _, ctx.block, ctx.rows_per_program = inputs
+    _, _, weight, _, *ctx.tile = inputs
     s, _, rstd = output
     ctx.save_for_backward(s, weight, rstd)
     ctx.mark_non_differentiable(rstd)
@@ -316,21 +339,22 @@ def _add_norm_backward(ctx, ds, dy, _):
     s, weight, rstd = ctx.saved_tensors
     ds = torch.zeros_like(s) if ds is None else ds  # an output nobody used: no gradient
     dy = torch.zeros_like(s) if dy is None else dy
-    dx, dw = rms_norm_backward_op(dy, s, weight, rstd, ds, ctx.block, ctx.rows_per_program)
-    return dx, dx, dw, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
+    dx, dw = rms_norm_backward_op(dy, s, weight, rstd, ds, *ctx.tile)
+    return dx, dx, dw, None, None, None, None  # d(x + r)/dx = d(x + r)/dr = identity
 
 
 rms_norm_op.register_autograd(_norm_backward, setup_context=_setup_norm)
 add_rms_norm_op.register_autograd(_add_norm_backward, setup_context=_setup_add_norm)
 
 
-def rms_norm(x, weight, eps, block=None, rows_per_program=None):
-    return rms_norm_op(x, weight, float(eps), block, rows_per_program)[0]
+def rms_norm(x, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
+    return rms_norm_op(x, weight, float(eps), block, rows_per_program, rows_per_step)[0]
 
 
-def add_rms_norm(x, residual, weight, eps, block=None, rows_per_program=None):
+def add_rms_norm(x, residual, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
     """(s = x + residual, RMSNorm(s))."""
-    return add_rms_norm_op(x, residual, weight, float(eps), block, rows_per_program)[:2]
+    tile = (block, rows_per_program, rows_per_step)
+    return add_rms_norm_op(x, residual, weight, float(eps), *tile)[:2]
 
 
 class TritonRMSNorm(nn.Module):

@@ -13,14 +13,23 @@ import triton.language as tl
 from snippets.common.device import DEVICE
 from snippets.triton_kernels.numerics import CHECK_DTYPES, swiglu_exact, within
 
-BLOCK = 1024  # columns per program
+BLOCK = 1024  # columns per program (rows with gaps: a row a program row)
+FLAT_BLOCK, FLAT_WARPS = 2048, 8  # contiguous tensors: elements per program, warps
 
 
 # --8<-- [start:kernels]
 @triton.jit
-def swiglu_fwd_kernel(G, U, H, stride_g, stride_u, stride_h, n_cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # grid: (rows, column blocks)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+def _where(FLAT: tl.constexpr, BLOCK: tl.constexpr):
+    """(row, columns) of this program: FLAT treats contiguous tensors as one long row."""
+    if FLAT:
+        return 0, tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
+def swiglu_fwd_kernel(G, U, H, stride_g, stride_u, stride_h, n_cols, FLAT: tl.constexpr,
+                      BLOCK: tl.constexpr):  # fmt: skip
+    row, c = _where(FLAT, BLOCK)  # grid: (rows, column blocks), or (blocks,) when FLAT
     mask = c < n_cols
     g = tl.load(G + row * stride_g + c, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + row * stride_u + c, mask=mask, other=0.0).to(tl.float32)
@@ -30,9 +39,8 @@ def swiglu_fwd_kernel(G, U, H, stride_g, stride_u, stride_h, n_cols, BLOCK: tl.c
 
 @triton.jit
 def swiglu_bwd_kernel(DH, G, U, DG, DU, stride_dh, stride_g, stride_u, stride_dg, stride_du,
-                      n_cols, BLOCK: tl.constexpr):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+                      n_cols, FLAT: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    row, c = _where(FLAT, BLOCK)
     mask = c < n_cols
     dh = tl.load(DH + row * stride_dh + c, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(G + row * stride_g + c, mask=mask, other=0.0).to(tl.float32)
@@ -53,33 +61,46 @@ def _rows(t):  # [..., I] -> [rows, I] with contiguous rows (a view for chunks o
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def _grid(rows, cols, block):
-    return (rows, triton.cdiv(cols, block))
+def _launch(kernel, tensors, block):
+    """tensors: [rows, I] with contiguous rows. All contiguous: one flat 1-D grid of FLAT_BLOCK
+    elements a program (no row index, no per-row tail); else a program per (row, BLOCK columns).
+    block, when given, sets the elements a program in both."""
+    rows, cols = tensors[0].shape
+    strides = [t.stride(0) for t in tensors]
+    if all(t.is_contiguous() for t in tensors):
+        n, b = rows * cols, block or FLAT_BLOCK
+        kernel[(triton.cdiv(n, b),)](*tensors, *strides, n, FLAT=True, BLOCK=b,
+                                     num_warps=FLAT_WARPS if block is None else 4)  # fmt: skip
+    else:
+        b = block or BLOCK
+        kernel[(rows, triton.cdiv(cols, b))](*tensors, *strides, cols, FLAT=False, BLOCK=b)
+
+
+def swiglu_forward(gate, up, block=None):
+    g, u = _rows(gate), _rows(up)
+    h = torch.empty(g.shape, device=g.device, dtype=g.dtype)
+    _launch(swiglu_fwd_kernel, (g, u, h), block)
+    return h.view(gate.shape)
+
+
+def swiglu_backward(dh, gate, up, block=None):
+    g, u, dh2 = _rows(gate), _rows(up), _rows(dh)
+    dg, du = torch.empty_like(g), torch.empty_like(u)
+    _launch(swiglu_bwd_kernel, (dh2, g, u, dg, du), block)
+    return dg.view(gate.shape), du.view(up.shape)
 
 
 class SwiGLUFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate, up, block=None):
-        block = block or BLOCK
-        g, u = _rows(gate), _rows(up)
-        h = torch.empty(g.shape, device=g.device, dtype=g.dtype)
-        swiglu_fwd_kernel[_grid(*g.shape, block)](
-            g, u, h, g.stride(0), u.stride(0), h.stride(0), g.shape[1], BLOCK=block
-        )
-        ctx.save_for_backward(g, u)
-        ctx.shape, ctx.block = gate.shape, block
-        return h.view(gate.shape)
+        ctx.save_for_backward(gate, up)
+        ctx.block = block
+        return swiglu_forward(gate, up, block)
 
     @staticmethod
     def backward(ctx, dh):
-        g, u = ctx.saved_tensors
-        dh = _rows(dh)
-        dg, du = torch.empty_like(g), torch.empty_like(u)
-        swiglu_bwd_kernel[_grid(*g.shape, ctx.block)](
-            dh, g, u, dg, du, dh.stride(0), g.stride(0), u.stride(0), dg.stride(0), du.stride(0),
-            g.shape[1], BLOCK=ctx.block,
-        )  # fmt: skip
-        return dg.view(ctx.shape), du.view(ctx.shape), None
+        gate, up = ctx.saved_tensors
+        return *swiglu_backward(dh, gate, up, ctx.block), None
 
 
 # --8<-- [end:autograd]
@@ -88,13 +109,7 @@ class SwiGLUFunction(torch.autograd.Function):
 # --8<-- [start:op]
 @torch.library.custom_op("handbook::swiglu", mutates_args=())
 def swiglu_op(gate: torch.Tensor, up: torch.Tensor, block: int | None = None) -> torch.Tensor:
-    g, u = _rows(gate), _rows(up)
-    h = torch.empty(g.shape, device=g.device, dtype=g.dtype)
-    block = block or BLOCK
-    swiglu_fwd_kernel[_grid(*g.shape, block)](
-        g, u, h, g.stride(0), u.stride(0), h.stride(0), g.shape[1], BLOCK=block
-    )
-    return h.view(gate.shape)
+    return swiglu_forward(gate, up, block)
 
 
 @swiglu_op.register_fake
@@ -105,15 +120,7 @@ def _(gate, up, block=None):  # shapes, dtypes, strides only
 @torch.library.custom_op("handbook::swiglu_backward", mutates_args=())
 def swiglu_backward_op(dh: torch.Tensor, gate: torch.Tensor, up: torch.Tensor,
                        block: int | None) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    g, u, dh2 = _rows(gate), _rows(up), _rows(dh)
-    dg = torch.empty(g.shape, device=g.device, dtype=g.dtype)
-    du = torch.empty(u.shape, device=u.device, dtype=u.dtype)
-    block = block or BLOCK
-    swiglu_bwd_kernel[_grid(*g.shape, block)](
-        dh2, g, u, dg, du, dh2.stride(0), g.stride(0), u.stride(0), dg.stride(0), du.stride(0),
-        g.shape[1], BLOCK=block,
-    )  # fmt: skip
-    return dg.view(gate.shape), du.view(up.shape)
+    return swiglu_backward(dh, gate, up, block)
 
 
 @swiglu_backward_op.register_fake

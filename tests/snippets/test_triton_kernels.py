@@ -62,32 +62,44 @@ def randn(*shape, generator):
 
 @cpu
 @pytest.mark.parametrize(
-    ("rows", "h", "block", "per"),
+    ("rows", "h", "block", "per", "step"),
     [
-        (1, 100, None, None),  # one row
-        (64, 300, None, 8),  # many rows, non-power-of-two H, 8 programs for dw
-        (37, 64, None, 16),  # rows not a multiple of rows-per-program: masked tail
-        (9, 100, 32, 4),  # H wider than one block: the two-pass path
+        (1, 100, None, None, None),  # one row (of a default 2- or 4-row step)
+        (64, 300, None, 8, None),  # many rows, non-power-of-two H, 8 programs for dw
+        (37, 64, None, 16, None),  # rows not a multiple of rows-per-program: masked tail
+        (37, 64, None, None, None),  # the default tiles, a tail inside a step
+        (45, 48, None, 8, 4),  # 4 rows a step, non-power-of-two H
+        (9, 100, 32, 4, None),  # H wider than one block: the two-pass path
     ],
 )
 @pytest.mark.parametrize("residual", [False, True], ids=["norm", "add+norm"])
-def test_rmsnorm_fp32(rows, h, block, per, residual):
-    assert rmsnorm_within_bounds(rows, h, torch.float32, block, per, residual)
+def test_rmsnorm_fp32(rows, h, block, per, step, residual):
+    assert rmsnorm_within_bounds(rows, h, torch.float32, block, per, residual, step=step)
 
 
-def rmsnorm_within_bounds(rows, h, dtype, block=None, per=None, residual=False, seed=1):
+@cpu
+@pytest.mark.parametrize(("h", "block", "per", "step"), [(64, None, 8, 3), (64, None, 8, 16),
+                                                         (100, 32, 4, 2)])  # fmt: skip
+def test_rmsnorm_rejects_a_step_that_does_not_tile(h, block, per, step):
+    rn = kernel("rmsnorm")
+    with pytest.raises(ValueError, match="rows per step"):
+        rn.bwd_tile(h, False, block, per, step)
+
+
+def rmsnorm_within_bounds(rows, h, dtype, block=None, per=None, residual=False, seed=1,
+                          step=None):  # fmt: skip
     rn = kernel("rmsnorm")
     g = torch.Generator(DEVICE).manual_seed(seed)
     x, r, dy, ds = (randn(rows, h, generator=g).to(dtype) for _ in range(4))
     w = (1 + 0.1 * randn(h, generator=g)).to(dtype)
     x, r, w = (t.requires_grad_() for t in (x, r, w))
     if residual:
-        s, y = rn.add_rms_norm(x, r, w, 1e-6, block, per)
+        s, y = rn.add_rms_norm(x, r, w, 1e-6, block, per, step)
         torch.autograd.backward((s, y), (ds, dy))
         got = {"y": y, "s": s, "dx": x.grad, "dr": r.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6, residual=r, ds=ds)
     else:
-        y = rn.rms_norm(x, w, 1e-6, block, per)
+        y = rn.rms_norm(x, w, 1e-6, block, per, step)
         y.backward(dy)
         got = {"y": y, "dx": x.grad, "dw": w.grad}
         exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
@@ -353,7 +365,7 @@ def op_cases():
         "add_rms_norm": (rn.add_rms_norm_op, (x, r, w, 1e-6, 16, 4)),  # two passes of 16
         "rms_norm_backward": (
             rn.rms_norm_backward_op,
-            (dy, x.detach(), w.detach(), rstd, dy, None, 4),
+            (dy, x.detach(), w.detach(), rstd, dy, None, 4, 2),  # 2 rows a step
         ),
         "swiglu": (sw.swiglu_op, (t(3, 7, 70), t(3, 7, 70), 32)),
         "swiglu_backward": (sw.swiglu_backward_op, (dy, x.detach(), r.detach(), 16)),
@@ -560,8 +572,11 @@ def test_measurement_code_runs_at_tiny_shapes():
     assert [r["op"] for r in wide] == list(m.OPS)
     assert set(wide[0]) == {"op", "ours", "eager"}
     assert wide[0]["ours"].median == 2.0 and wide[0]["ours"].derived
-    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, kernels, 1e9, (1, 3))
-    assert [(r["rows_per_program"], r["programs"]) for r in tuned] == [(1, 4), (3, 2)]
+    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, kernels, 1e9, ((1, 1), (4, 2)))
+    assert [(r["op"], r["rows_per_program"], r["rows_per_step"], r["programs"]) for r in tuned] == [
+        ("rmsnorm", 1, 1, 4), ("rmsnorm", 4, 2, 1), ("add_rmsnorm", 1, 1, 4),
+        ("add_rmsnorm", 4, 2, 1)]  # fmt: skip
+    assert tuned[2]["bwd_of_copy"].median == 4 * 4 * 32 * 4 / 1e-3 / 1e9  # dy, ds, s -> dx
     sweep = m.sweep_rmsnorm((16, 24), 4, DEVICE, torch.float32, kernels, 1e9, impls)
     assert [r["hidden"] for r in sweep] == [16, 24]
     assert set(sweep[0]) == {"hidden", "ours_ms", "ours_of_copy", "eager_ms", "eager_of_copy"}
@@ -607,7 +622,7 @@ def tiny_plan(impls):
                  vocab=40)  # fmt: skip
     variants = (("ours", (2, torch.float32)), ("ours", (4, torch.bfloat16)), ("eager", None),
                 ("compile", None), ("liger", None))  # fmt: skip
-    return w.Plan(s, torch.float32, impls, (1, 3), (16, 24), ("ours", "liger"), variants,
+    return w.Plan(s, torch.float32, impls, ((1, 1), (4, 2)), (16, 24), ("ours", "liger"), variants,
                   device=str(DEVICE))  # fmt: skip
 
 
@@ -640,7 +655,7 @@ def test_warm_units_call_what_the_benchmark_times():
     ours = {u: n for u, n in counts.items() if u[1] == "ours"}
     assert ours[("loss", "ours", None)] == 2  # two variants
     assert ours[("ops", "ours", "rmsnorm")] == 2  # forward, backward
-    assert ours[("rows", "ours", None)] == 2  # rows per program 1 and 3
+    assert ours[("rows", "ours", None)] == 4  # two tiles, each for both norms
     assert ours[("sweep", "ours", 16)] == 1  # forward + backward
     assert all(n == 0 for u, n in counts.items() if u[1] == "liger")
     with pytest.raises(ValueError, match="unknown unit"):
