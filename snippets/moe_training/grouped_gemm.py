@@ -2,21 +2,32 @@
 weight, whatever the group sizes (0 included), forward and backward.
 
     forward   Y[rows of g] = X[rows of g] @ W[g]^T        X [M, K], W [G, N, K] (nn.Linear layout)
-    dX        dX[rows of g] = dY[rows of g] @ W[g]         the same kernel, W read transposed
+    dX        dX[rows of g] = dY[rows of g] @ W[g]         the same kernel, W read untransposed
     dW        dW[g] = dY[rows of g]^T @ X[rows of g]       a reduction over the group's rows
 
 The forward's work list is made on the device, without a host sync: group g has ceil(M_g / BM)
-row tiles; the grid is sized for the most tiles any split of M rows into G groups can give
-(ceil(M / BM) + G), and the programs past the real count return at once.
+row tiles, and their real count stays on the device. The forward kernel is persistent: one
+program per SM, each looping over (row tile, N tile) pairs up to that count; it reads X and W
+through host-side TMA tensor descriptors (X [M, K], W as [G*N, K]), which need a unit last
+stride and 16-byte aligned base and strides. Where they do not hold (bf16: K or N not a multiple
+of 8), and for fp32 (tiles of the configs' size overflow shared memory), a pointer kernel runs
+instead: one program per (N tile, row tile) on a grid sized for the most tiles any split of M
+rows into G groups can give (ceil(M / BM) + G), those past the real count returning at once.
+
+Triton 3.6's interpreter with NumPy 2.4 rejects a loop bound read at run time
+(triton-lang/triton#9171), so on the CPU the launchers pass a compile-time bound instead
+(STATIC_TILES, STATIC_M > 0) and the loops skip the steps past the real one.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -44,15 +55,17 @@ def tile_schedule(offsets: torch.Tensor, rows: int, block_m: int):
 # --8<-- [end:schedule]
 
 
-def _configs(shapes):
+def _configs(shapes, pre_hook=None):
     if INTERPRET:  # the CPU interpreter: small tiles run fastest
-        return [triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=1)]
-    return [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+        return [triton.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=1, pre_hook=pre_hook)]
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s,
+                          pre_hook=pre_hook)
             for bm, bn, bk, w, s in shapes]  # fmt: skip
 
 
 # Hopper (H100/H200) bf16: the shapes Triton's matmul tutorial uses there; a short list, since
-# every entry costs a compile in gpu_docs' cold start.
+# every entry costs a compile in gpu_docs' cold start. The persistent TMA kernel with either
+# beat the pointer kernel in a probe on the H200 (.whl/ggprobe.py, balanced and Zipf groups).
 FWD_SHAPES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
 # dW: the fastest three of eleven tried on the H200 at the benchmark's shape (a probe with
 # triton.testing.do_bench, balanced and Zipf groups); BM is the reduction's step over rows
@@ -71,13 +84,70 @@ def _small_first(configs, named_args, **kwargs):
 PRUNE = {"early_config_prune": _small_first}
 
 
+def _set_blocks(nargs):
+    """A descriptor's block is the config's tile: set it before each launch (autotuning too)."""
+    bm, bn, bk = nargs["BM"], nargs["BN"], nargs["BK"]
+    nargs["a_desc"].block_shape = [bm, bk]
+    nargs["w_desc"].block_shape = [bk, bn] if nargs["W_KN"] else [bn, bk]
+
+
 # --8<-- [start:kernels]
+@triton.jit
+def _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N, stride_om,
+              K: tl.constexpr, W_KN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr):  # fmt: skip
+    """One [BM, BN] output tile: row tile `tile` of the schedule, N tile pid_n; A [M, K] times
+    W[g] read from the [G * rows, cols] view of W: forward, N rows of K (used transposed); dX
+    (W_KN), K rows of N (W's own layout: the sum runs over W's N)."""
+    g = tl.load(TILE_GROUP + tile)
+    row0 = tl.load(TILE_ROW + tile)
+    end = tl.load(OFFSETS + g + 1)
+    n0 = pid_n * BN
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        a = a_desc.load([row0, k0])  # [BM, BK]; columns past K: zeros (the descriptor's bound)
+        if W_KN:  # dX: rows past K are group g+1's, multiplied by a's zero columns
+            b = w_desc.load([g * K + k0, n0])  # [BK, BN]
+            acc = tl.dot(a, b, acc)
+        else:  # forward: rows past N are group g+1's, their output columns masked at the store
+            b = w_desc.load([g * N + n0, k0])  # [BN, BK]
+            acc = tl.dot(a, b.T, acc)
+    rows = row0 + tl.arange(0, BM)  # rows past the group's end: the next group's, masked too
+    cols = n0 + tl.arange(0, BN)
+    o_ptr = OUT + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+    live = (rows[:, None] < end) & (cols[None, :] < N)
+    tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=live)
+
+
+@triton.autotune(configs=_configs(FWD_SHAPES, _set_blocks), key=["N", "K"], prune_configs_by=PRUNE)
+@triton.jit
+def grouped_mm_kernel(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
+                      stride_om, K: tl.constexpr, W_KN: tl.constexpr, NUM_SMS: tl.constexpr,
+                      STATIC_TILES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      BK: tl.constexpr):  # fmt: skip
+    """Persistent: program p takes pairs p, p + NUM_SMS, ... of (row tile, N tile), N tiles
+    fastest (neighbours share the same rows of A), up to the real count read on the device."""
+    tiles_n = tl.cdiv(N, BN)
+    total = tl.load(NUM_TILES) * tiles_n
+    if STATIC_TILES > 0:  # the CPU interpreter: a compile-time trip count (module docstring)
+        for t0 in range(0, STATIC_TILES, NUM_SMS):
+            t = t0 + tl.program_id(0)
+            if t < total:
+                _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, t // tiles_n,
+                          t % tiles_n, N, stride_om, K, W_KN, BM, BN, BK)  # fmt: skip
+    else:
+        for t in tl.range(tl.program_id(0), total, NUM_SMS):
+            _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, t // tiles_n,
+                      t % tiles_n, N, stride_om, K, W_KN, BM, BN, BK)  # fmt: skip
+
+
 @triton.autotune(configs=_configs(FWD_SHAPES), key=["N", "K"], prune_configs_by=PRUNE)
 @triton.jit
-def grouped_mm_kernel(X, W, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
-                      stride_xm, stride_wg, stride_wn, stride_wk, stride_om,
-                      K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr):  # fmt: skip
+def grouped_mm_ptr_kernel(X, W, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
+                          stride_xm, stride_wg, stride_wn, stride_wk, stride_om,
+                          K: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                          BK: tl.constexpr):  # fmt: skip
+    """The fallback for tensors a descriptor cannot describe: pointers and masks, any strides."""
     pid_n = tl.program_id(0)  # N tiles vary fastest: neighbours share the same rows of X
     tile = tl.program_id(1)
     if tile < tl.load(NUM_TILES):
@@ -143,31 +213,94 @@ def grouped_mm_dw_kernel(DY, X, DW, OFFSETS, N, K, stride_dym, stride_xm, stride
 
 # --8<-- [start:launchers]
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """x [M, K] rows sorted by group, w [G, N, K] (any strides), offsets [G + 1] -> [M, N]."""
-    m, k = x.shape
+    """x [M, K] rows sorted by group, w [G, N, K], offsets [G + 1] -> [M, N]. Any strides; on
+    the TMA path a w whose last stride is not 1, or that is not viewable as [G*N, K], is copied
+    contiguous first."""
+    return _grouped(x, w, offsets, w_kn=False)
+
+
+def grouped_mm_dx(dy: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """dy [M, N] rows sorted by group, w [G, N, K] -> dX [M, K]: dY[rows of g] @ W[g]. W is
+    read untransposed (a descriptor needs a unit last stride), copied as in grouped_mm."""
+    return _grouped(dy, w, offsets, w_kn=True)
+
+
+def _grouped(a, w, offsets, w_kn):
+    m, k = a.shape
     g, n, k2 = w.shape
-    if k != k2 or len(offsets) != g + 1:
-        raise ValueError(f"x {tuple(x.shape)}, w {tuple(w.shape)} and {len(offsets)} offsets "
+    if k != (n if w_kn else k2) or len(offsets) != g + 1:
+        raise ValueError(f"x {tuple(a.shape)}, w {tuple(w.shape)} and {len(offsets)} offsets "
                          "do not fit: need x [M, K], w [G, N, K], offsets [G + 1]")  # fmt: skip
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    out = torch.empty(m, k2 if w_kn else n, device=a.device, dtype=a.dtype)
     if m == 0:
         return out
-    _launch_fwd(x, w, out, offsets)
+    if _describable(a) and (w_rows := _describable_rows(w)) is not None:
+        _launch_tma(a, w_rows, out, offsets, w_kn)
+    else:
+        _launch_ptr(a, w.transpose(1, 2) if w_kn else w, out, offsets)
     return out
 
 
-def _launch_fwd(x, w, out, offsets):
-    n, k = w.shape[1], w.shape[2]
-    kernel = grouped_mm_kernel
+def _describable(t):
+    """Whether the TMA kernel can read the 2-D t: a descriptor needs a 16-byte aligned base and
+    row stride, unit last stride, no empty dimension; and 2-byte elements (bf16, fp16), for which
+    FWD_SHAPES are sized: fp32 tiles that size overflow shared memory (fp32 takes the pointer
+    kernel)."""
+    return (t.element_size() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
+            and t.stride(0) * t.element_size() % 16 == 0 and min(t.shape) > 0)  # fmt: skip
+
+
+def _describable_rows(w):
+    """W [G, N, K] as the [G*N, K] a descriptor reads (a contiguous copy where no view has unit
+    last stride), or None where none can be described."""
+    g, n, k = w.shape
+    if w.element_size() != 2 or k * 2 % 16:  # a copy would not do either
+        return None
+    rows = w.reshape(g * n, k)  # a view where the strides allow
+    rows = rows if rows.stride(1) == 1 else rows.contiguous()
+    return rows if _describable(rows) else None
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if INTERPRET:  # a few programs, each looping, as on the GPU
+        return 3
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _shared_bm(kernel):
     # Autotuning needs one argument list for every config; the schedule differs with BM, so
     # the configs share BM (FWD_SHAPES all use 128; the interpreter's one config 16).
     bms = {c.kwargs["BM"] for c in kernel.configs}
     if len(bms) != 1:
-        raise ValueError(f"grouped_mm_kernel configs must share BM, got {sorted(bms)}")
-    tile_group, tile_row, num = tile_schedule(offsets, x.shape[0], bms.pop())
+        raise ValueError(f"{kernel.base_fn.__name__} configs must share BM, got {sorted(bms)}")
+    return bms.pop()
+
+
+def _launch_tma(a, w_rows, out, offsets, w_kn):
+    kernel = grouped_mm_kernel
+    m, k = a.shape
+    n = out.shape[1]
+    tile_group, tile_row, num = tile_schedule(offsets, m, _shared_bm(kernel))
+    # placeholder blocks: _set_blocks sets each config's before its launch
+    a_desc = TensorDescriptor.from_tensor(a, [16, 16])
+    w_desc = TensorDescriptor.from_tensor(w_rows, [16, 16])
+    num_sms = _num_sms(a.device)
+    # the interpreter's loop bound: pairs of any config (the smallest BN gives the most)
+    min_bn = min(c.kwargs["BN"] for c in kernel.configs)
+    static = len(tile_group) * triton.cdiv(n, min_bn) if INTERPRET else 0
+    kernel[(num_sms,)](a_desc, w_desc, out, tile_group, tile_row, offsets, num, n, out.stride(0),
+                       K=k, W_KN=w_kn, NUM_SMS=num_sms, STATIC_TILES=static)  # fmt: skip
+
+
+def _launch_ptr(a, w, out, offsets):
+    """w [G, N, K] any strides (dX: W transposed, [G, K, N])."""
+    kernel = grouped_mm_ptr_kernel
+    n, k = w.shape[1], w.shape[2]
+    tile_group, tile_row, num = tile_schedule(offsets, a.shape[0], _shared_bm(kernel))
     kernel[lambda meta: (triton.cdiv(n, meta["BN"]), len(tile_group))](
-        x, w, out, tile_group, tile_row, offsets, num, n, x.stride(0), w.stride(0), w.stride(1),
+        a, w, out, tile_group, tile_row, offsets, num, n, a.stride(0), w.stride(0), w.stride(1),
         w.stride(2), out.stride(0), K=k)  # fmt: skip
 
 
@@ -200,7 +333,7 @@ class GroupedMM(torch.autograd.Function):
     def backward(ctx, dy):
         x, w, offsets = ctx.saved_tensors
         dy = dy.contiguous()
-        dx = grouped_mm(dy, w.transpose(1, 2), offsets) if ctx.needs_input_grad[0] else None
+        dx = grouped_mm_dx(dy, w, offsets) if ctx.needs_input_grad[0] else None
         dw = grouped_mm_dw(dy, x, offsets) if ctx.needs_input_grad[1] else None
         return dx, dw, None
 

@@ -404,6 +404,7 @@ from snippets.moe_training.grouped_gemm import (  # noqa: E402
     group_offsets,
     grouped_linear,
     grouped_mm,
+    grouped_mm_dx,
     grouped_mm_loop,
     tile_schedule,
 )
@@ -531,17 +532,45 @@ def test_loop_baseline_backward_writes_each_weight_once():
     assert "UnbindBackward0" in names and "SelectBackward0" not in names
 
 
+def _record_paths(monkeypatch):
+    """The kernels the forward and dX launch, in order: tma (descriptors) or ptr (fallback)."""
+    import snippets.moe_training.grouped_gemm as gg
+
+    paths = []
+    for name in ("tma", "ptr"):
+        real = getattr(gg, f"_launch_{name}")
+
+        def spy(*args, real=real, name=name):
+            paths.append(name)
+            return real(*args)
+
+        monkeypatch.setattr(gg, f"_launch_{name}", spy)
+    return paths
+
+
+GROUPS = [5, 0, 37, 1, 17, 0, 20]
+
+
+# (K, N) -> whether the forward and dX can read through TMA descriptors (2-byte dtypes only):
+# K 48 and N 40 -> both; N 19 -> dY [M, N] cannot be described, dX falls back; K 37 -> neither
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("counts", [[5, 0, 37, 1, 17, 0, 20], [0, 0, 16], [16, 16, 16, 16]])
-def test_grouped_gemm_forward_and_backward(dtype, counts):
+@pytest.mark.parametrize("counts,k,n,described", [
+    (GROUPS, 48, 40, (True, True)), ([0, 0, 16], 48, 40, (True, True)),
+    ([16, 16, 16, 16], 48, 40, (True, True)), (GROUPS, 48, 19, (True, False)),
+    (GROUPS, 37, 40, (False, False)),
+])  # fmt: skip
+def test_grouped_gemm_forward_and_backward(monkeypatch, dtype, counts, k, n, described):
     counts_t = torch.tensor(counts, device=DEVICE)
-    m, k, n, g = sum(counts), 48, 40, len(counts)
+    m, g = sum(counts), len(counts)
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     x = torch.randn(m, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
     w = torch.randn(g, n, k, device=DEVICE, dtype=dtype, generator=gen, requires_grad=True)
+    launched = _record_paths(monkeypatch)
     y = grouped_linear(x, w, group_offsets(counts_t))
     dy = torch.randn(m, n, device=DEVICE, dtype=dtype, generator=gen)
     dx, dw = torch.autograd.grad(y, [x, w], dy)
+    paths = ["tma" if d and dtype.itemsize == 2 else "ptr" for d in described]
+    assert launched == paths
 
     def reference(x, w, dy):  # fp32 from the same low-precision inputs, one matmul per group
         x, w = x.detach().float().requires_grad_(), w.detach().float().requires_grad_()
@@ -557,6 +586,36 @@ def test_grouped_gemm_forward_and_backward(dtype, counts):
     for e, c in enumerate(counts):
         if c == 0:  # an expert with no rows: a zero weight gradient, not garbage
             assert (dw[e] == 0).all()
+
+
+def test_grouped_gemm_any_strides_and_no_rows(monkeypatch):
+    dtype = DTYPES[-1]  # a 2-byte type: the TMA path
+    counts, k, n = [9, 0, 23], 32, 24
+    offsets = group_offsets(torch.tensor(counts, device=DEVICE))
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=gen).to(dtype)
+
+    x = randn(32, 48)[:, :k]  # rows 48 apart: described as they are
+    dy = randn(32, 48)[:, :n]
+    padded = randn(3, n, 64)[..., :k]  # viewable as [G*N, K] with rows 64 apart
+    transposed = randn(3, k, n).transpose(1, 2)  # last stride N: copied contiguous
+
+    def per_group(a, mats):  # fp32, one matmul per group
+        return torch.cat([p @ q for p, q in zip(a.float().split(counts), mats, strict=True)])
+
+    launched = _record_paths(monkeypatch)
+    for w in (padded, transposed):
+        ws = w.float().unbind(0)
+        for got, a, mats in ((grouped_mm(x, w, offsets), x, [v.t() for v in ws]),
+                             (grouped_mm_dx(dy, w, offsets), dy, ws)):  # fmt: skip
+            mag = per_group(a.abs(), [v.abs() for v in mats])
+            assert_rounded(got, per_group(a, mats), mag, dtype, roundings=0, terms=max(k, n))
+    assert launched == ["tma"] * 4
+    empty = group_offsets(torch.zeros(3, dtype=torch.int64, device=DEVICE))  # M == 0
+    assert grouped_mm(x[:0], padded, empty).shape == (0, n)
+    assert grouped_mm_dx(dy[:0], padded, empty).shape == (0, k)
 
 
 def test_grouped_gemm_rejects_bad_shapes():
