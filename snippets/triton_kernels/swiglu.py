@@ -20,10 +20,15 @@ FLAT_BLOCK, FLAT_WARPS = 2048, 8  # contiguous tensors: elements per program, wa
 # --8<-- [start:kernels]
 @triton.jit
 def _where(FLAT: tl.constexpr, BLOCK: tl.constexpr):
-    """(row, columns) of this program: FLAT treats contiguous tensors as one long row."""
+    """(row, columns) of this program, int64: FLAT treats contiguous tensors as one long row."""
+    pid = tl.program_id(0).to(tl.int64)
     if FLAT:
-        return 0, tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    return tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        row = pid * 0  # both branches give the same types (Triton checks them)
+        c = pid * BLOCK + tl.arange(0, BLOCK)
+    else:
+        row = pid
+        c = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return row, c
 
 
 @triton.jit
