@@ -16,6 +16,11 @@ if "TRITON_INTERPRET" not in os.environ:  # CPU machines run Triton kernels in t
 
     os.environ["TRITON_INTERPRET"] = "0" if torch.cuda.is_available() else "1"
 
+if os.environ["TRITON_INTERPRET"] == "1":  # note every launch: tests/test_zz_lowering.py
+    from tests import lowering
+
+    lowering.record()
+
 
 def pytest_configure(config):
     pages.UPDATE = bool(config.getoption("update_examples", False))

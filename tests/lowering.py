@@ -1,0 +1,176 @@
+"""Every Triton kernel the CPU suite launches, lowered to Triton IR for Hopper (sm_90).
+
+Triton's interpreter (TRITON_INTERPRET=1, the CPU suite) runs a kernel as Python: it never
+meets the code generator's checks, such as the types two branches of a `constexpr` if return.
+A kernel that passes every CPU test can then fail to compile on the GPU, and a gpu_docs run
+is lost. `record()` notes each launch's argument types and constexpr values; `lower_all()`
+runs the code generator on each distinct launch (no driver, no GPU: AST to TTIR only) and
+returns what failed, with the kernel's file and line.
+
+The interpreter patches triton.language for a launch and does not undo all of it (a device
+function's patches stay), so the pristine attributes are saved at import, before any launch,
+and put back while lowering.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import triton.language as tl
+
+# triton.language objects the interpreter patches (triton/runtime/interpreter.py, _patch_lang)
+_PATCHED = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
+_PRISTINE = {id(obj): dict(vars(obj)) for obj in _PATCHED}
+_SKIP = {"num_warps", "num_stages", "num_ctas", "maxnreg", "grid", "warmup"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: object  # the InterpretedFunction
+    signature: tuple[tuple[str, str], ...]  # (parameter, Triton type or "constexpr")
+    constexprs: tuple[tuple[str, object], ...]
+
+    def where(self, error: Exception | None = None) -> str:
+        """file:line (kernel): the line the code generator stopped at, else the def line."""
+        fn = self.kernel.fn
+        lines, start = inspect.getsourcelines(fn)
+        line = start + next(i for i, text in enumerate(lines) if text.lstrip().startswith("def "))
+        at = re.match(r"at (\d+):\d+:", str(error or ""))
+        line += int(at[1]) - 1 if at else 0
+        return f"{inspect.getsourcefile(fn)}:{line} ({fn.__name__})"
+
+
+LAUNCHES: dict[tuple, Launch] = {}
+
+
+def _launch_of(fn, args, kwargs) -> Launch | None:
+    from triton.runtime.jit import mangle_type
+
+    params = inspect.signature(fn.fn).parameters
+    bound = inspect.signature(fn.fn).bind_partial(
+        *args, **{k: v for k, v in kwargs.items() if k not in _SKIP}
+    )
+    bound.apply_defaults()
+    signature, constexprs = [], []
+    for name, param in params.items():
+        if name not in bound.arguments:
+            return None  # a launch this module does not understand: not recorded
+        value = bound.arguments[name]
+        if "constexpr" in str(param.annotation) or value is None:
+            signature.append((name, "constexpr"))
+            constexprs.append((name, value))
+        else:
+            signature.append((name, mangle_type(value)))
+    try:
+        hash(tuple(constexprs))
+    except TypeError:
+        return None
+    return Launch(fn, tuple(signature), tuple(constexprs))
+
+
+def record() -> None:
+    """Note every interpreted launch from now on (the root conftest calls this on the CPU)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+    if getattr(run, "_records", False):
+        return
+
+    def recording_run(self, *args, grid, warmup, **kwargs):
+        try:
+            launch = _launch_of(self, args, kwargs)
+        except Exception:  # an argument mangle_type cannot name: not recorded, still launched
+            launch = None
+        if launch is not None:
+            LAUNCHES.setdefault((id(self), launch.signature, launch.constexprs), launch)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    recording_run._records = True
+    InterpretedFunction.run = recording_run
+
+
+def _restore(saved: dict[int, dict]) -> list[tuple[object, str, object]]:
+    """Put the saved attributes back; returns what to undo afterwards."""
+    undo = []
+    for obj in _PATCHED:
+        now, want = vars(obj), saved[id(obj)]
+        for name in set(now) | set(want):
+            if now.get(name, _PATCHED) is not want.get(name, _PATCHED):
+                undo.append((obj, name, now.get(name, _PATCHED)))
+                if name in want:
+                    setattr(obj, name, want[name])
+                else:
+                    delattr(obj, name)
+    return undo
+
+
+def _undo(undo) -> None:
+    for obj, name, value in reversed(undo):
+        if value is _PATCHED:
+            delattr(obj, name)
+        else:
+            setattr(obj, name, value)
+
+
+def lower_all(launches=None, arch: int = 90) -> list[str]:
+    """Lower each launch to TTIR for sm_<arch>; one line per failure (kernel file:line, the
+    launch's constexprs, the code generator's message)."""
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    launches = list(LAUNCHES.values() if launches is None else launches)
+    target = GPUTarget("cuda", arch, 32)
+    backend = CUDABackend(target)
+    options = backend.parse_options({})
+    jits: dict[int, JITFunction] = {}
+
+    def jit(f):
+        return jits.setdefault(id(f), JITFunction(f.fn))
+
+    undo = _restore(_PRISTINE)
+    swapped = []  # device functions (ours, and triton.language's own: tl.sum is one) as JIT
+    owners = [
+        m
+        for n, m in list(sys.modules.items())
+        if m is not None and n.startswith(("snippets", "tests", "triton.language"))
+    ]
+    for owner in [*owners, tl.core.tensor]:  # tensor: methods such as x.sum() are jit functions
+        for attr, value in list(vars(owner).items()):
+            if isinstance(value, InterpretedFunction):
+                swapped.append((owner, attr, value))
+                setattr(owner, attr, jit(value))
+    failures = []
+    try:
+        for launch in launches:
+            src = ASTSource(fn=jit(launch.kernel), signature=dict(launch.signature),
+                            constexprs=dict(launch.constexprs))  # fmt: skip
+            context = ir.context()
+            ir.load_dialects(context)
+            backend.load_dialects(context)
+            try:
+                src.make_ir(target, options, backend.get_codegen_implementation(options),
+                            backend.get_module_map(), context)  # fmt: skip
+            except Exception as e:  # every failure is reported, none is raised
+                consts = ", ".join(f"{k}={v!r}" for k, v in launch.constexprs)
+                cause = e
+                while cause.__cause__ is not None:  # the innermost: the code generator's words
+                    cause = cause.__cause__
+                message = " ".join(str(cause).split()[-40:])
+                failures.append(f"{launch.where(e)} [{consts}]: {message}")
+    finally:
+        for owner, attr, value in swapped:
+            setattr(owner, attr, value)
+        _undo(undo)
+    return failures
+
+
+def enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,0 +1,70 @@
+"""Runs last (the name sorts last): every Triton kernel the CPU suite launched in the
+interpreter goes through the code generator for sm_90, as on the H200 (tests/lowering.py)."""
+
+import pytest
+
+from tests import lowering
+
+# Launch configurations that exist only in the interpreter, each with the one message it may
+# give: kernel name -> (the message's text, why). Nothing else is excused.
+INTERPRETER_ONLY = {
+    "attn_fp8_fwd_kernel": (
+        "K >= 32",
+        "fp8 tl.dot needs K >= 32 on sm_90; the CPU tests use CPU_BLOCK = 16 to stay fast, the "
+        "GPU launches BLOCK = 128 (snippets/flash_attention/fp8.py)",
+    ),
+}
+
+
+def excused(failure: str) -> bool:
+    name = failure.split(" (", 1)[1].split(")", 1)[0] if " (" in failure else ""
+    return name in INTERPRETER_ONLY and INTERPRETER_ONLY[name][0] in failure
+
+
+@pytest.mark.skipif(not lowering.enabled(), reason="on CUDA the GPU compiles every launch")
+def test_every_launched_kernel_lowers_for_hopper():
+    if not lowering.LAUNCHES:
+        pytest.skip("no Triton kernel was launched before this test: run it after the suite")
+    failures = [f for f in lowering.lower_all() if not excused(f)]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.skipif(not lowering.enabled(), reason="needs the interpreter's launches")
+def test_a_branch_type_mismatch_fails_to_lower(tmp_path, monkeypatch):
+    """The defect that cost a GPU run: a constexpr if whose branches return different types
+    passes in the interpreter and fails the code generator, named by file and line."""
+    import importlib
+    import sys
+
+    import torch
+
+    source = """import triton
+import triton.language as tl
+
+
+@triton.jit
+def _where(FLAT: tl.constexpr, BLOCK: tl.constexpr):
+    if FLAT:
+        return 0, tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    return tl.program_id(0).to(tl.int64), tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
+def copy_kernel(X, Y, n, FLAT: tl.constexpr, BLOCK: tl.constexpr):
+    row, c = _where(FLAT, BLOCK)
+    tl.store(Y + row * n + c, tl.load(X + row * n + c, mask=c < n), mask=c < n)
+"""
+    (tmp_path / "tests_lowering_demo.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    demo = importlib.import_module("tests_lowering_demo")
+    monkeypatch.setitem(sys.modules, "tests.lowering_demo", demo)  # swapped like tests.*
+    x = torch.arange(8.0)
+    y = torch.empty_like(x)
+    before = dict(lowering.LAUNCHES)
+    demo.copy_kernel[(1,)](x, y, 8, FLAT=True, BLOCK=8)
+    assert torch.equal(x, y)  # the interpreter runs it fine
+    new = [v for k, v in lowering.LAUNCHES.items() if k not in before]
+    assert len(new) == 1
+    (failure,) = lowering.lower_all(new)
+    assert "tests_lowering_demo.py:14 (copy_kernel)" in failure  # the line calling _where
+    assert "FLAT=True" in failure and "Inconsistent return types" in failure
