@@ -145,8 +145,21 @@ def lower_all(launches=None, arch: int = 90) -> list[str]:
     for owner in [*owners, tl.core.tensor]:  # tensor: methods such as x.sum() are jit functions
         for attr, value in list(vars(owner).items()):
             if isinstance(value, InterpretedFunction):
-                swapped.append((owner, attr, value))
+                swapped.append((vars(owner), attr, value))
                 setattr(owner, attr, jit(value))
+    # and wherever a kernel's module lives (a script run as __main__, a probe): the globals of
+    # each kernel and of each device function it reaches
+    work, seen = [launch.kernel for launch in launches], set()
+    while work:
+        names = work.pop().fn.__globals__
+        if id(names) in seen:
+            continue
+        seen.add(id(names))
+        for attr, value in list(names.items()):
+            if isinstance(value, InterpretedFunction):
+                swapped.append((names, attr, value))
+                names[attr] = jit(value)
+                work.append(value)
     failures = []
     try:
         for launch in launches:
@@ -166,8 +179,11 @@ def lower_all(launches=None, arch: int = 90) -> list[str]:
                 message = " ".join(str(cause).split()[-40:])
                 failures.append(f"{launch.where(e)} [{consts}]: {message}")
     finally:
-        for owner, attr, value in swapped:
-            setattr(owner, attr, value)
+        for names, attr, value in reversed(swapped):
+            if isinstance(names, dict):
+                names[attr] = value
+            else:  # a class's mappingproxy
+                setattr(tl.core.tensor, attr, value)
         _undo(undo)
     return failures
 
