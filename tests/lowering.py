@@ -190,3 +190,29 @@ def lower_all(launches=None, arch: int = 90) -> list[str]:
 
 def enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def main(argv: list[str]) -> int:
+    """TRITON_INTERPRET=1 python -m tests.lowering script.py ...: run each script (a probe, a
+    GPU-only benchmark's CPU dry run) under the recorder, then lower what it launched."""
+    import runpy
+
+    if not enabled() or not argv:
+        print("usage: TRITON_INTERPRET=1 python -m tests.lowering script.py [script.py ...]")
+        return 2
+    record()
+    for path in argv:
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                print(f"{path}: exited with {e.code}")
+                return 1
+    failures = lower_all()
+    print(f"{len(LAUNCHES)} launches lowered for sm_90, {len(failures)} failed")
+    print("\n".join(failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

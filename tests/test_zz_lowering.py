@@ -68,3 +68,36 @@ def copy_kernel(X, Y, n, FLAT: tl.constexpr, BLOCK: tl.constexpr):
     (failure,) = lowering.lower_all(new)
     assert "tests_lowering_demo.py:14 (copy_kernel)" in failure  # the line calling _where
     assert "FLAT=True" in failure and "Inconsistent return types" in failure
+
+
+@pytest.mark.skipif(not lowering.enabled(), reason="needs the interpreter")
+def test_the_command_line_lowers_a_scripts_kernels(tmp_path):
+    """`python -m tests.lowering script.py`: a probe or a GPU-only script's CPU dry run, checked
+    before it spends device time; exit 1 and the kernel's line when one does not lower."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import torch\nimport triton\nimport triton.language as tl\n\n\n"
+        "@triton.jit\ndef pick(FLAT: tl.constexpr):\n"
+        "    if FLAT:\n        return 0\n"
+        "    return tl.program_id(0).to(tl.int64)\n\n\n"  # int32 against int64 on the GPU
+        "@triton.jit\ndef k(X, FLAT: tl.constexpr):\n"
+        "    tl.store(X + pick(FLAT), 1.0)\n\n\n"
+        "x = torch.zeros(2)\nk[(1,)](x, FLAT=True)\nassert x[0] == 1.0\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": str(root),
+    }
+    done = subprocess.run([sys.executable, "-m", "tests.lowering", str(script)], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "1 launches lowered for sm_90, 1 failed" in done.stdout
+    assert f"{script}:15 (k) [FLAT=True]" in done.stdout  # the line calling pick
