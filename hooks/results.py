@@ -119,17 +119,18 @@ def _overlaps(cells: dict) -> set:
 
 def overlapping(rows: list[dict], compare) -> set[tuple[int, str]]:
     """(row index, column) of the cells to mark. `compare: [a, b]` compares columns within each
-    row; `compare: {column: ms, within: op}` compares one column across the rows of each group."""
+    row; `compare: {column: ms, within: op}` compares one column across the rows of each group
+    (`within: [op, impl]`: groups by both)."""
     if not compare:
         return set()
     if isinstance(compare, list):
         return {
             (i, k) for i, r in enumerate(rows) for k in _overlaps({c: r.get(c) for c in compare})
         }
-    col, within = compare["column"], compare.get("within")
+    col, within = compare["column"], cl.compare_keys(compare.get("within"))
     groups: dict = {}
     for i, r in enumerate(rows):
-        groups.setdefault(r.get(within) if within else None, {})[i] = r.get(col)
+        groups.setdefault(tuple(r.get(k) for k in within), {})[i] = r.get(col)
     return {(i, col) for cells in groups.values() for i in _overlaps(cells)}
 
 

@@ -84,6 +84,18 @@ def test_compare_marks_overlapping_cells(hook, results):
     d = directive("table", "rows: rows\ncompare: [ms, x]\ncolumns: {impl: i, ms: t, x: x}\n")
     rows = hook.table("demo", d, results, page, prov=False).split("\n")[2:4]
     assert rows[0] == "| ours | ≈ 1 ±1.0% | ≈ 1 |" and "≈" not in rows[1]  # 1.0 in 0.99..1.01
+    d = directive(
+        "table", "rows: rows\ncompare: {column: ms, within: impl}\ncolumns: {impl: i, ms: t}\n"
+    )
+    assert "≈" not in hook.table("demo", d, results, page, prov=False)  # one row a group
+    d = directive("table", "rows: rows\ncompare: {column: ms, within: [x, impl]}\n"
+                           "columns: {impl: i, ms: t}\n")  # fmt: skip
+    assert "≈" not in hook.table("demo", d, results, page, prov=False)  # groups by both keys
+    d = directive(
+        "table", "rows: rows\ncompare: {column: ms, within: []}\ncolumns: {impl: i, ms: t}\n"
+    )
+    rows = hook.table("demo", d, results, page, prov=False).split("\n")[2:4]
+    assert all("≈" in r for r in rows)  # an empty list: one group, as no `within`
 
 
 def test_vega_spec_gets_data_error_bars_and_a_roofline(hook, results):

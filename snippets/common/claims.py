@@ -54,6 +54,11 @@ class SpecError(ValueError):
     offset = 0
 
 
+def compare_keys(within) -> list:
+    """A table's `compare: {within: ...}`: no key, one key, or a list of keys."""
+    return [] if within is None else list(within) if isinstance(within, list) else [within]
+
+
 class Pending(SpecError):
     """A reference into the results of a post that declares `awaiting_gpu` and is due."""
 
@@ -649,8 +654,8 @@ def check_directive(slug: str, d: Directive, results: Results) -> str | None:
         compare = d.spec.get("compare")
         if isinstance(compare, dict):
             if set(compare) - {"column", "within"} or "column" not in compare:
-                raise SpecError("compare: needs [columns] or {column: key, within: key}")
-            keys = [compare["column"]] + ([compare["within"]] if "within" in compare else [])
+                raise SpecError("compare: needs [columns] or {column: key, within: key or [keys]}")
+            keys = [compare["column"], *compare_keys(compare.get("within"))]
         else:
             keys = list(compare or [])
         for key in keys:
@@ -776,7 +781,9 @@ def reads(page: Path) -> dict[tuple[str, str], set[str]]:
             fields = set(d.spec.get("columns") or {}) if d.kind == "table" else plot_fields(own)
             fields |= set(d.spec.get("where") or {})
             compare = d.spec.get("compare") or []
-            fields |= set(compare.values() if isinstance(compare, dict) else compare)
+            if isinstance(compare, dict):
+                compare = [compare.get("column"), *compare_keys(compare.get("within"))]
+            fields |= {str(f) for f in compare if f is not None}
             for f in fields:
                 base = re.sub(r"_(lo|hi)$", "", f)
                 where = f"{rows}.{base}" if rows.endswith("]") else f"{rows}[*].{base}"
