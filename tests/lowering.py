@@ -4,8 +4,8 @@ Triton's interpreter (TRITON_INTERPRET=1, the CPU suite) runs a kernel as Python
 meets the code generator's checks, such as the types two branches of a `constexpr` if return.
 A kernel that passes every CPU test can then fail to compile on the GPU, and a gpu_docs run
 is lost. `record()` notes each launch's argument types and constexpr values; `lower_all()`
-runs the code generator on each distinct launch (no driver, no GPU: AST to TTIR only) and
-returns what failed, with the kernel's file and line.
+runs the code generator on each distinct launch (no driver, no GPU: AST to TTIR only; with
+full=True through ptxas to a cubin) and returns what failed, with the kernel's file and line.
 
 The interpreter patches triton.language for a launch and does not undo all of it (a device
 function's patches stay), so the pristine attributes are saved at import, before any launch,
@@ -26,6 +26,7 @@ import triton.language as tl
 _PATCHED = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype, tl.core.tensor_descriptor_base)
 _PRISTINE = {id(obj): dict(vars(obj)) for obj in _PATCHED}
 _SKIP = {"num_warps", "num_stages", "num_ctas", "maxnreg", "grid", "warmup"}
+_OPTIONS = ("num_warps", "num_stages")
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,7 @@ class Launch:
     kernel: object  # the InterpretedFunction
     signature: tuple[tuple[str, str], ...]  # (parameter, Triton type or "constexpr")
     constexprs: tuple[tuple[str, object], ...]
+    options: tuple[tuple[str, int], ...] = ()  # num_warps, num_stages as launched
 
     def where(self, error: Exception | None = None) -> str:
         """file:line (kernel): the line the code generator stopped at, else the def line."""
@@ -69,7 +71,8 @@ def _launch_of(fn, args, kwargs) -> Launch | None:
         hash(tuple(constexprs))
     except TypeError:
         return None
-    return Launch(fn, tuple(signature), tuple(constexprs))
+    options = tuple((k, kwargs[k]) for k in _OPTIONS if kwargs.get(k) is not None)
+    return Launch(fn, tuple(signature), tuple(constexprs), options)
 
 
 def record() -> None:
@@ -86,7 +89,8 @@ def record() -> None:
         except Exception:  # an argument mangle_type cannot name: not recorded, still launched
             launch = None
         if launch is not None:
-            LAUNCHES.setdefault((id(self), launch.signature, launch.constexprs), launch)
+            key = (id(self), launch.signature, launch.constexprs, launch.options)
+            LAUNCHES.setdefault(key, launch)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     recording_run._records = True
@@ -116,9 +120,17 @@ def _undo(undo) -> None:
             setattr(obj, name, value)
 
 
-def lower_all(launches=None, arch: int = 90) -> list[str]:
+SHARED_LIMIT = {90: 232_448}  # bytes of shared memory a block may opt in to (227 KiB on sm_90)
+
+
+def lower_all(launches=None, arch: int = 90, full: bool = False, ptx: dict | None = None
+              ) -> list[str]:  # fmt: skip
     """Lower each launch to TTIR for sm_<arch>; one line per failure (kernel file:line, the
-    launch's constexprs, the code generator's message)."""
+    launch's constexprs, the code generator's message). full: compile all the way to a cubin
+    with the launch's num_warps and num_stages (Triton ships ptxas: no GPU needed, about ten
+    times as long), and fail a launch whose shared memory exceeds what a block may have; each
+    launch's PTX goes into `ptx` when given (keyed by the Launch)."""
+    import triton
     from triton._C.libtriton import ir
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import CUDABackend
@@ -169,8 +181,18 @@ def lower_all(launches=None, arch: int = 90) -> list[str]:
             ir.load_dialects(context)
             backend.load_dialects(context)
             try:
-                src.make_ir(target, options, backend.get_codegen_implementation(options),
-                            backend.get_module_map(), context)  # fmt: skip
+                if full:
+                    compiled = triton.compile(src, target=target, options=dict(launch.options))
+                    if compiled.metadata.shared > SHARED_LIMIT[arch]:
+                        raise RuntimeError(
+                            f"needs {compiled.metadata.shared} bytes of shared "
+                            f"memory, sm_{arch} has {SHARED_LIMIT[arch]} a block"
+                        )
+                    if ptx is not None:
+                        ptx[launch] = compiled.asm["ptx"]
+                else:
+                    src.make_ir(target, options, backend.get_codegen_implementation(options),
+                                backend.get_module_map(), context)  # fmt: skip
             except Exception as e:  # every failure is reported, none is raised
                 consts = ", ".join(f"{k}={v!r}" for k, v in launch.constexprs)
                 cause = e
@@ -193,12 +215,15 @@ def enabled() -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """TRITON_INTERPRET=1 python -m tests.lowering script.py ...: run each script (a probe, a
-    GPU-only benchmark's CPU dry run) under the recorder, then lower what it launched."""
+    """TRITON_INTERPRET=1 python -m tests.lowering [--full] script.py ...: run each script (a
+    probe, a GPU-only benchmark's CPU dry run) under the recorder, then lower what it launched
+    (--full: compile each to a cubin for sm_90 and check its shared memory)."""
     import runpy
 
+    full = "--full" in argv
+    argv = [a for a in argv if a != "--full"]
     if not enabled() or not argv:
-        print("usage: TRITON_INTERPRET=1 python -m tests.lowering script.py [script.py ...]")
+        print("usage: TRITON_INTERPRET=1 python -m tests.lowering [--full] script.py [...]")
         return 2
     record()
     for path in argv:
@@ -208,8 +233,9 @@ def main(argv: list[str]) -> int:
             if e.code not in (None, 0):
                 print(f"{path}: exited with {e.code}")
                 return 1
-    failures = lower_all()
-    print(f"{len(LAUNCHES)} launches lowered for sm_90, {len(failures)} failed")
+    failures = lower_all(full=full)
+    done = "compiled to cubins" if full else "lowered"
+    print(f"{len(LAUNCHES)} launches {done} for sm_90, {len(failures)} failed")
     print("\n".join(failures))
     return 1 if failures else 0
 

@@ -101,3 +101,48 @@ def test_the_command_line_lowers_a_scripts_kernels(tmp_path):
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 launches lowered for sm_90, 1 failed" in done.stdout
     assert f"{script}:15 (k) [FLAT=True]" in done.stdout  # the line calling pick
+
+
+@pytest.mark.skipif(not lowering.enabled(), reason="needs the interpreter")
+def test_full_compile_catches_what_ttir_cannot(tmp_path):
+    """`--full` compiles through ptxas for sm_90: a matmul whose pipelined tiles need more
+    shared memory than a block may have lowers to TTIR fine, and fails the full compile with
+    the bytes it needs (the GPU would raise OutOfResources at launch)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import torch\nimport triton\nimport triton.language as tl\n\n\n"
+        "@triton.jit\ndef mm(A, B, C, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):\n"
+        "    r, c, k = tl.arange(0, BM), tl.arange(0, BN), tl.arange(0, BK)\n"
+        "    acc = tl.zeros((BM, BN), tl.float32)\n"
+        "    for i in range(4):\n"
+        "        a = tl.load(A + r[:, None] * BK * 4 + i * BK + k[None, :])\n"
+        "        b = tl.load(B + (i * BK + k[:, None]) * BN + c[None, :])\n"
+        "        acc += tl.dot(a, b)\n"
+        "    tl.store(C + r[:, None] * BN + c[None, :], acc)\n\n\n"
+        "a = torch.ones(256, 512, dtype=torch.float16)\n"
+        "b = torch.ones(512, 256, dtype=torch.float16)\n"
+        "c = torch.empty(256, 256)\n"
+        "mm[(1,)](a, b, c, BM=256, BN=256, BK=128, num_warps=8, num_stages=4)\n"
+        "assert c[0, 0] == 512\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
+           "PYTHONPATH": str(root)}  # fmt: skip
+
+    def lower(*flags):
+        command = [sys.executable, "-m", "tests.lowering", *flags, str(script)]
+        return subprocess.run(command, cwd=root, env=env, capture_output=True, text=True,
+                              timeout=300)  # fmt: skip
+
+    ttir = lower()
+    assert ttir.returncode == 0 and "1 launches lowered for sm_90, 0 failed" in ttir.stdout
+    full = lower("--full")
+    assert full.returncode == 1, full.stdout + full.stderr
+    assert "1 launches compiled to cubins for sm_90, 1 failed" in full.stdout
+    assert f"{script}:7 (mm) [BM=256, BN=256, BK=128]" in full.stdout
+    assert "bytes of shared memory, sm_90 has 232448 a block" in full.stdout
