@@ -21,7 +21,7 @@ def site(tmp_path):
     dest = tmp_path / "site"
     shutil.copytree(FIXTURE, dest)
     (dest / "tests").mkdir()
-    for name in ("__init__.py", "pages.py", "lowering.py"):
+    for name in ("__init__.py", "pages.py", "lowering.py", "interpreter.py"):
         shutil.copy(ROOT / "tests" / name, dest / "tests" / name)
     (dest / "snippets" / "common").mkdir()
     for name in ("__init__.py", "markup.py"):  # the page grammar

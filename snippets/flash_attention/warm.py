@@ -47,7 +47,7 @@ from snippets.flash_attention.measure import (
 
 KERNELS = ("attn_bwd_dkdv_kernel", "attn_bwd_dq_kernel", "attn_fwd_kernel", "attn_bwd_delta_kernel")
 CHECKED = (("bfloat16", 128), ("float16", 64))  # check.py and the benchmark; the fp16 test
-TRITON_KERNELS = ("rmsnorm", "cross_entropy", "swiglu", "rope")  # triton_kernels.measure's
+TRITON_KERNELS = ("rmsnorm", "cross_entropy", "swiglu", "rope", "fp8")  # triton_kernels.measure's
 
 
 def page_units() -> list[tuple]:

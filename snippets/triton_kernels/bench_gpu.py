@@ -22,6 +22,10 @@ timings plus their warm-up (3 calls of each of 16 steps: ~0.1 s) and inputs, not
 (our Functions launch our ops' kernels; torch.compile's and Liger's are compiled above): ~6 s;
 the RMSNorm sweep over 8 hidden sizes instead of 2: 12 more forward + backward compiles (ours
 and Liger's) in the workers, side by side, and 12 more timed callables (~0.1 s each): ~2-4 s.
+Then the FP8 section, not yet run either: 10 GEMMs timed after a 1 s settle (~0.7 s of calls),
+15 quantizer timings (~1 s), the errors' fp64 products (20 GEMMs of ~0.8 TFLOP at the H200's
+fp64 rate: ~0.3 s), our 6 quantize compiles and torch.compile's 2 in the workers: ~4-5 s. If
+the post overruns its 60 s, the FP8 section is the first to move out (a post of its own).
 """
 
 import math
@@ -31,14 +35,16 @@ import torch
 from snippets.common.bench import ceilings, kernel_ms_each
 from snippets.common.hostbound import fastest_interleaved
 from snippets.common.results import write_result
-from snippets.triton_kernels import warm
+from snippets.triton_kernels import fp8, warm
 from snippets.triton_kernels.measure import (
     IMPLS,
     PYTHON_IMPLS,
     Shapes,
+    fp8_errors,
     implementations,
     liger_ops,
     loss_flops,
+    measure_fp8,
     measure_from_python,
     measure_loss,
     measure_ops,
@@ -67,6 +73,10 @@ def gpu_times(fns):  # the kernels' own time, summed (CUPTI), all in one profile
     return kernel_ms_each(fns, target_ms=10.0)  # about 10 ms of calls per repeat
 
 
+def gemm_times(fns):  # matmuls, the most power-hungry: first a second of the first callable
+    return kernel_ms_each(fns, settle_ms=1000.0)
+
+
 def loss_times(fns):  # one call of the loss is tens of ms of matmuls: two calls a repeat (at
     # one, the first variant spread ±5.2 %), in turn; first a second of the first variant: the
     # clocks drop to their state under matmuls
@@ -81,7 +91,7 @@ def python_times(steps):  # from Python, the host's speed moving: the fastest 7 
 ceil = ceilings()  # measured in this run: copy bandwidth and bf16 matmul throughput
 copy = ceil["copy_bytes_per_s"]
 plan = warm.Plan(SHAPES, DTYPE, IMPLS, ROWS_CHOICES, HIDDEN_SWEEP, SWEEP_IMPLS,
-                 tuple(LOSS_VARIANTS))  # fmt: skip
+                 tuple(LOSS_VARIANTS), fp8.QUANT_CONFIGS)  # fmt: skip
 workers = warm.start(plan)  # other processes compile all that follows, into the disk caches
 impls = implementations(IMPLS, SHAPES.hidden, SHAPES.eps)  # meanwhile: imports Liger Kernel
 warm.finish(workers)  # they are done before our first call: the GPU is ours while we time
@@ -92,6 +102,8 @@ from_python = measure_from_python(SHAPES, "cuda", DTYPE, python_times, entries)
 rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_times, copy, ROWS_CHOICES)
 no_recompile = {name: fns for name, fns in impls.items() if name in SWEEP_IMPLS}  # H varies
 sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, gpu_times, copy, no_recompile)
+fp8s = measure_fp8(SHAPES, "cuda", DTYPE, gemm_times, gpu_times, copy, fp8.QUANT_CONFIGS)
+fp8s["errors"] = fp8_errors(SHAPES, "cuda", DTYPE)  # no clock: one run of each GEMM
 loss = measure_loss(SHAPES, "cuda", DTYPE, loss_times, ceil["bf16_matmul_flop_per_s"], impls,
                     peak_bytes_cuda, LOSS_VARIANTS)  # fmt: skip
 # --8<-- [end:run]
@@ -105,6 +117,7 @@ write_result(
 )
 write_result("triton-kernels", "rmsnorm-rows", {"rows": rows})
 write_result("triton-kernels", "rmsnorm-sweep", {"rows": sweep})
+write_result("triton-kernels", "fp8", fp8s)
 chunks = math.ceil(SHAPES.tokens / LOSS_VARIANTS[0][1][0])  # of the default variant
 dw_bytes = chunks * 2 * SHAPES.vocab * SHAPES.hidden * 4  # fp32 dW read + written per chunk
 write_result(

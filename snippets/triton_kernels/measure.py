@@ -9,6 +9,7 @@ snippets/common/bench.py (kernel_ms_each) and snippets/common/hostbound.py
 import importlib
 import importlib.metadata
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 from torch.func import functional_call
@@ -17,6 +18,7 @@ from snippets.common.bench import rate
 from snippets.common.models.qwen3 import QWEN3_8B, RMSNorm, lm_loss, rope_tables
 from snippets.common.models.qwen3 import apply_rope as eager_rope
 from snippets.common.models.qwen3 import swiglu as eager_swiglu
+from snippets.triton_kernels import fp8
 from snippets.triton_kernels.cross_entropy import linear_cross_entropy
 from snippets.triton_kernels.rmsnorm import (
     AddRMSNormFunction,
@@ -301,6 +303,128 @@ def measure_loss(s: Shapes, device, dtype, kernel_times, matmul_flop_per_s, impl
                 "extra_gib": extra / 2**30, "extra_of_logits": extra / logits_bytes}  # fmt: skip
         rows.append(row)
     return rows
+
+
+# --8<-- [start:fp8]
+FP8_GEMMS = ("gate_up", "down")  # the MLP's two GEMM shapes (gate and up: one each)
+MASSIVE = (512, 2, 1e5)  # every 512th token, in 2 channels, 100,000 times a typical entry
+
+
+def fp8_gemm_shape(s: Shapes, gemm: str) -> tuple[int, int, int]:
+    """(M, N, K) of y = x @ w.T."""
+    if gemm == "gate_up":
+        return s.tokens, s.intermediate, s.hidden
+    return s.tokens, s.hidden, s.intermediate
+
+
+def fp8_inputs(s: Shapes, gemm, device, dtype, massive=False, seed=0):
+    """x [M, K] with unit normal entries, w [N, K] with std 0.02. massive: Sun et al.'s massive
+    activations (arXiv:2402.17762) -- a few entries, at a few tokens, in a few fixed channels,
+    MASSIVE[2] times larger than the rest."""
+    m, n, k = fp8_gemm_shape(s, gemm)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(m, k, device=device, generator=gen)
+    if massive:
+        every, channels, gain = MASSIVE
+        picked = torch.randperm(k, device=device, generator=gen)[:channels]
+        x[::every, picked] = gain
+    w = torch.randn(n, k, device=device, generator=gen) * 0.02
+    return x.to(dtype), w.to(dtype)
+
+
+def quantize_bytes(m, k, elem, blockwise=False) -> int:
+    """Read x, write q (1 byte) and the fp32 scales."""
+    scales = -(-m // fp8.TILE) * (k // fp8.TILE) if blockwise else m * (k // fp8.TILE)
+    return m * k * (elem + 1) + scales * 4
+
+
+def row_error(y, exact) -> float:
+    """Median over rows (tokens) of a row's relative error, |y_r - exact_r| / |exact_r|: each
+    token's output on its own, a few tokens' large rows do not hide the others."""
+    rows = (y.double() - exact).norm(dim=1) / exact.norm(dim=1)
+    return rows.median().item()
+
+
+def fp8_errors(s: Shapes, device, dtype, recipes=fp8.RECIPES):
+    """Each recipe's GEMM against the fp64 product of the bf16 inputs (`error`), on normal
+    inputs and with massive activations; `gemm_error`: against the fp64 product of the FP8
+    values themselves (what the GEMM adds: its accumulation, rounding its output to bf16);
+    `floor`: rounding the exact product to bf16, which every recipe's output pays. All
+    row_error."""
+    rows = []
+    for gemm in FP8_GEMMS:
+        for massive in (False, True):
+            x, w = fp8_inputs(s, gemm, device, dtype, massive, seed=1)
+            exact = x.double() @ w.double().t()
+            floor = row_error(exact.to(dtype), exact)
+            for recipe in recipes:
+                row = {"gemm": gemm, "inputs": "massive" if massive else "normal",
+                       "recipe": recipe, "floor": floor}  # fmt: skip
+                if recipe == "bf16":
+                    row["error"] = row_error(x @ w.t(), exact)
+                else:
+                    ops = fp8.operands(recipe, x, w)
+                    y = fp8.fp8_matmul(recipe, ops)
+                    row |= {"error": row_error(y, exact),
+                            "gemm_error": row_error(y, fp8.exact_product(recipe, ops))}  # fmt: skip
+                rows.append(row)
+    return rows
+
+
+def measure_fp8(s: Shapes, device, dtype, gemm_times, kernel_times, copy_bytes_per_s, configs,
+                recipes=fp8.RECIPES, quantizers=("ours", "eager", "compile"),
+                shapes=FP8_GEMMS):  # fmt: skip
+    """`gemms`: each recipe's GEMM at both shapes (gemm_times: the matmuls in one session),
+    TFLOP/s and speed-up over bf16 (the first recipe). `quantize`: each quantizer on the
+    activations (1 x 128 tiles) of both GEMMs, and ours and eager on their weights (128 x 128
+    blocks), fraction of the copy bandwidth. `configs`: our activation kernel at the first
+    shape for each (rows, tiles, warps)."""
+    elem = torch.finfo(dtype).bits // 8
+    gemms = []  # (gemm, recipe, (M, N, K), fn)
+    for gemm in shapes:
+        x, w = fp8_inputs(s, gemm, device, dtype)
+        for recipe in recipes:
+            if recipe == "bf16":
+                fn = partial(torch.matmul, x, w.t())
+            else:
+                fn = partial(fp8.fp8_matmul, recipe, fp8.operands(recipe, x, w))
+            gemms.append((gemm, recipe, fp8_gemm_shape(s, gemm), fn))
+    reference = {"ours": fp8.quantize, "eager": fp8.quantize_reference,
+                 "compile": torch.compile(fp8.quantize_reference, dynamic=False)}  # fmt: skip
+    quants = []  # (tensor, gemm, blockwise, implementation, (M, K), fn)
+    for gemm in shapes:
+        x, w = fp8_inputs(s, gemm, device, dtype)
+        for tensor, t, blockwise in (("activation", x, False), ("weight", w, True)):
+            for name in [q for q in quantizers if not (blockwise and q == "compile")]:
+                fn = partial(reference[name], t, blockwise)
+                quants.append((tensor, gemm, blockwise, name, tuple(t.shape), fn))
+    x = fp8_inputs(s, FP8_GEMMS[0], device, dtype)[0]
+    sweep = [(c, partial(fp8.quantize, x, config=c)) for c in configs]  # the default's among them
+    rows = []
+    by_recipe = dict(zip([(g, r) for g, r, *_ in gemms], gemm_times([c[3] for c in gemms]),
+                         strict=True))  # fmt: skip
+    for gemm, recipe, (m, n, k), _ in gemms:
+        ms = by_recipe[gemm, recipe]
+        rows.append({"gemm": gemm, "recipe": recipe, "m": m, "n": n, "k": k, "ms": ms,
+                     "tflops": rate(2 * m * n * k, ms) / 1e12,
+                     "vs_bf16": by_recipe[gemm, recipes[0]] / ms})  # fmt: skip
+    times = iter(kernel_times([q[5] for q in quants] + [c[1] for c in sweep]))
+    quantize = []
+    for tensor, gemm, blockwise, name, (m, k), _ in quants:
+        ms = next(times)
+        quantize.append({"tensor": tensor, "gemm": gemm, "impl": name, "m": m, "k": k, "ms": ms,
+                         "of_copy": rate(quantize_bytes(m, k, elem, blockwise), ms)
+                         / copy_bytes_per_s})  # fmt: skip
+    swept = []
+    for (rows_, tiles, warps), _ in sweep:
+        ms = next(times)
+        swept.append({"rows": rows_, "tiles": tiles, "warps": warps, "ms": ms,
+                      "of_copy": rate(quantize_bytes(*x.shape, elem), ms)
+                      / copy_bytes_per_s})  # fmt: skip
+    return {"gemms": rows, "quantize": quantize, "configs": swept}
+
+
+# --8<-- [end:fp8]
 
 
 PYTHON_IMPLS = ("ours", "function", "compile", "liger")  # function: our torch.autograd.Function

@@ -17,9 +17,11 @@ import torch
 
 from snippets.common import warm
 from snippets.triton_kernels.measure import (
+    FP8_GEMMS,
     OPS,
     Shapes,
     implementations,
+    measure_fp8,
     measure_loss,
     measure_ops,
     sweep_rmsnorm,
@@ -40,6 +42,7 @@ class Plan:
     hidden_sweep: tuple[int, ...]
     sweep_impls: tuple[str, ...]
     loss_variants: tuple
+    fp8_configs: tuple[tuple[int, int, int], ...] = ()  # none: the FP8 section is not measured
     device: str = "cuda"
 
 
@@ -49,6 +52,8 @@ def units(plan: Plan) -> list[tuple]:
     found += [("ops", name, op) for op in OPS for name in plan.impls]
     found.append(("rows", "ours", None))
     found += [("sweep", name, h) for h in plan.hidden_sweep for name in plan.sweep_impls]
+    if plan.fp8_configs:  # our quantize kernels; torch.compile's, one unit per shape
+        found += [("fp8", "ours", None)] + [("fp8", "compile", g) for g in FP8_GEMMS]
     found = [u for u in found if u[1] in ORDER and u[1] in plan.impls]
     return sorted(found, key=lambda u: (ORDER[u[1]], u[0] != "loss"))
 
@@ -70,6 +75,10 @@ def run_unit(unit, plan: Plan, clock=warm.once) -> None:
             sweep_rows_per_program(s, device, dtype, clock, 1.0, plan.rows_choices)
         elif kind == "sweep":
             sweep_rmsnorm((arg,), s.tokens, device, dtype, clock, 1.0, impls)
+        elif kind == "fp8" and name == "ours":
+            measure_fp8(s, device, dtype, clock, clock, 1.0, plan.fp8_configs, quantizers=("ours",))
+        elif kind == "fp8":
+            measure_fp8(s, device, dtype, clock, clock, 1.0, (), (), (name,), shapes=(arg,))
         elif kind == "loss":
             variants = [v for v in plan.loss_variants if v[0] == name]
             measure_loss(s, device, dtype, clock, 1.0, impls, lambda fn: 0, variants)
