@@ -96,7 +96,7 @@ workers = warm.start(plan)  # other processes compile all that follows, into the
 impls = implementations(IMPLS, SHAPES.hidden, SHAPES.eps)  # meanwhile: imports Liger Kernel
 warm.finish(workers)  # they are done before our first call: the GPU is ours while we time
 ops, fwdbwd = measure_ops(SHAPES, "cuda", DTYPE, gpu_times, copy, impls)
-entries = implementations(("function",), SHAPES.hidden, SHAPES.eps) | impls  # our two entries
+entries = implementations(("custom_op",), SHAPES.hidden, SHAPES.eps) | impls  # our two entries
 entries = {name: entries[name] for name in PYTHON_IMPLS if name in entries}  # nothing compiles
 from_python = measure_from_python(SHAPES, "cuda", DTYPE, python_times, entries)
 rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_times, copy, ROWS_CHOICES)

@@ -5,7 +5,8 @@ for the fused variant (which also returns s). Statistics are fp32; the normalise
 rounded to the input dtype before the weight multiply, as Qwen3's RMSNorm in transformers does.
 
 One story, top to bottom: kernels, launchers, torch.autograd.Function, the same as custom
-operators (what callers use: torch.compile sees them whole), nn.Module, a check.
+operators (torch.compile sees them whole), the entry points (the op where torch.compile traces,
+the Function in eager: less Python a call), nn.Module, a check.
 """
 
 import math
@@ -348,13 +349,20 @@ add_rms_norm_op.register_autograd(_add_norm_backward, setup_context=_setup_add_n
 
 
 def rms_norm(x, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
-    return rms_norm_op(x, weight, float(eps), block, rows_per_program, rows_per_step)[0]
+    """The entry point: the custom op where torch.compile traces (one opaque node, no graph
+    break), the autograd.Function in eager (the same kernels, less Python a call)."""
+    tile = (block, rows_per_program, rows_per_step)
+    if torch.compiler.is_compiling():
+        return rms_norm_op(x, weight, float(eps), *tile)[0]
+    return RMSNormFunction.apply(x, weight, eps, *tile)
 
 
 def add_rms_norm(x, residual, weight, eps, block=None, rows_per_program=None, rows_per_step=None):
-    """(s = x + residual, RMSNorm(s))."""
+    """(s = x + residual, RMSNorm(s)); op or Function as rms_norm."""
     tile = (block, rows_per_program, rows_per_step)
-    return add_rms_norm_op(x, residual, weight, float(eps), *tile)[:2]
+    if torch.compiler.is_compiling():
+        return add_rms_norm_op(x, residual, weight, float(eps), *tile)[:2]
+    return AddRMSNormFunction.apply(x, residual, weight, eps, *tile)
 
 
 class TritonRMSNorm(nn.Module):

@@ -3,8 +3,8 @@
 q: [batch, q_heads, seq, head_dim], k: [batch, kv_heads, seq, head_dim], any strides with
 contiguous head_dim (the model's q and k are transposed views); cos, sin: [seq, head_dim].
 One program per (batch, position): it loads that position's cos and sin once and rotates all
-heads of q and of k. Callers use the custom operator (rope_op); RoPEFunction, which launches the
-same kernel, is kept for the from-Python timing of the two entry points (measure.py).
+heads of q and of k. The entry point, apply_rope, calls the custom operator (rope_op) where
+torch.compile traces and RoPEFunction, which launches the same kernel, in eager.
 """
 
 from dataclasses import replace
@@ -155,8 +155,11 @@ rope_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def apply_rope(q, k, cos, sin, block_heads=None):
-    """Drop-in for the model's `rope` swap point: (q, k, cos, sin) -> (q, k)."""
-    return rope_op(q, k, cos, sin, block_heads)
+    """Drop-in for the model's `rope` swap point: (q, k, cos, sin) -> (q, k); the op where
+    torch.compile traces, the Function in eager (as rmsnorm.rms_norm)."""
+    if torch.compiler.is_compiling():
+        return rope_op(q, k, cos, sin, block_heads)
+    return RoPEFunction.apply(q, k, cos, sin, block_heads)
 
 
 # --8<-- [end:op]

@@ -2,8 +2,8 @@
 
 Elementwise: the forward reads gate and up and writes h (3 tensors of [T, I]); the backward
 reads dh, gate and up and writes dgate and dup (5 tensors). Computed in fp32 and rounded once.
-Callers use the custom operator (swiglu_op); SwiGLUFunction, which launches the same kernels, is
-kept for the from-Python timing of the two entry points (measure.py).
+The entry point, swiglu, calls the custom operator (swiglu_op) where torch.compile traces and
+SwiGLUFunction, which launches the same kernels, in eager.
 """
 
 import torch
@@ -147,8 +147,11 @@ swiglu_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def swiglu(gate, up, block=None):
-    """Drop-in for the model's `mlp_act` swap point."""
-    return swiglu_op(gate, up, block)
+    """Drop-in for the model's `mlp_act` swap point: the op where torch.compile traces, the
+    Function in eager (as rmsnorm.rms_norm)."""
+    if torch.compiler.is_compiling():
+        return swiglu_op(gate, up, block)
+    return SwiGLUFunction.apply(gate, up, block)
 
 
 # --8<-- [end:op]

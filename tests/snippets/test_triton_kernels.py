@@ -412,9 +412,9 @@ def test_custom_op_passes_opcheck(name):
 @cpu
 @pytest.mark.parametrize("case", ["norm", "add+norm", "add+norm two-pass", "swiglu", "rope"])
 def test_ops_and_functions_agree_bit_for_bit(case):
-    """The custom operators (what callers use) and the torch.autograd.Functions kept for the
-    from-Python timing launch the same kernels: outputs and gradients equal, not just close.
-    fp16 activations with an fp32 weight (mixed dtypes), 3-D and strided inputs."""
+    """The entry points call the torch.autograd.Functions in eager and the custom operators
+    under torch.compile; both launch the same kernels: outputs and gradients equal, not just
+    close. fp16 activations with an fp32 weight (mixed dtypes), 3-D and strided inputs."""
     rn, sw, rp = kernel("rmsnorm"), kernel("swiglu"), kernel("rope")
     g = torch.Generator().manual_seed(21)
     x, r = (torch.randn(2, 7, 48, generator=g).half() for _ in range(2))
@@ -423,18 +423,16 @@ def test_ops_and_functions_agree_bit_for_bit(case):
     q, k = (torch.randn(2, 5, n, 16, generator=g).transpose(1, 2) for n in (4, 2))
     angles = torch.rand(5, 16, generator=g) * 6
     tables = (angles.cos(), angles.sin())
-    op, function, inputs, extra = {
-        "norm": (rn.rms_norm, rn.RMSNormFunction.apply, (x, w), (1e-6, None, 4)),
-        "add+norm": (rn.add_rms_norm, rn.AddRMSNormFunction.apply, (x, r, w), (1e-6, None, 4)),
-        "add+norm two-pass": (
-            rn.add_rms_norm,
-            rn.AddRMSNormFunction.apply,
-            (x, r, w),
-            (1e-6, 16, 4),
-        ),
-        "swiglu": (sw.swiglu, sw.SwiGLUFunction.apply, (both,), (32,)),
-        "rope": (rp.apply_rope, rp.RoPEFunction.apply, (q, k), (*tables, 2)),
-    }[case]
+    entry, op, function, inputs, extra = {
+        "norm": (rn.rms_norm, lambda *a: rn.rms_norm_op(*a)[0], rn.RMSNormFunction,
+                 (x, w), (1e-6, None, 4)),
+        "add+norm": (rn.add_rms_norm, lambda *a: rn.add_rms_norm_op(*a)[:2],
+                     rn.AddRMSNormFunction, (x, r, w), (1e-6, None, 4)),
+        "add+norm two-pass": (rn.add_rms_norm, lambda *a: rn.add_rms_norm_op(*a)[:2],
+                              rn.AddRMSNormFunction, (x, r, w), (1e-6, 16, 4)),
+        "swiglu": (sw.swiglu, sw.swiglu_op, sw.SwiGLUFunction, (both,), (32,)),
+        "rope": (rp.apply_rope, rp.rope_op, rp.RoPEFunction, (q, k), (*tables, 2)),
+    }[case]  # fmt: skip
 
     def run(fn, backward_name):
         leaves = [t.detach().clone().requires_grad_() for t in inputs]
@@ -447,7 +445,7 @@ def test_ops_and_functions_agree_bit_for_bit(case):
         return [*outs, *torch.autograd.grad(outs, leaves, grads)]
 
     got = run(op, "GeneratedBackwardFor_handbook_")  # torch.library's autograd for the op
-    want = run(function, function.__self__.__name__)
+    want = run(entry, function.__name__)  # eager: the entry calls the Function
     assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 
@@ -487,6 +485,29 @@ def test_an_autograd_function_does_not_compile_whole_in_the_interpreter():
                              backend="aot_eager", fullgraph=True)  # fmt: skip
     with pytest.raises(torch._dynamo.exc.Unsupported):
         compiled(x, w)
+    torch._dynamo.reset()
+
+
+@cpu
+def test_entry_points_take_the_op_where_torch_compile_traces():
+    """The same call that runs the Function in eager traces the custom op under torch.compile:
+    fullgraph holds (the Function would break the graph, above), and the compiled forward and
+    gradients equal eager's bit for bit."""
+    rn = kernel("rmsnorm")
+    x = torch.randn(4, 32, requires_grad=True)
+    w = torch.ones(32, requires_grad=True)
+
+    def f(x, w):
+        return rn.rms_norm(x, w, 1e-6)
+
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    got, want = compiled(x, w), f(x, w)  # compiled: fullgraph raised for the Function's path
+    assert want.grad_fn.name() == "RMSNormFunctionBackward"
+    assert torch.equal(got, want)
+    dy = torch.randn(4, 32)
+    for a, b in zip(torch.autograd.grad(got, (x, w), dy), torch.autograd.grad(want, (x, w), dy),
+                    strict=True):  # fmt: skip
+        assert torch.equal(a, b)
     torch._dynamo.reset()
 
 
@@ -793,12 +814,12 @@ def test_measurement_code_runs_at_tiny_shapes():
 def test_from_python_view_at_tiny_shapes():
     """Every (operator, entry point) timed in one interleaved call (fastest_interleaved's
     {key: (fn, calls)} in, {key: Stat} out), each a forward + backward that reaches every leaf;
-    one row per operator with a column per entry point; the Functions' entry has no loss."""
+    one row per operator with a column per entry point; the custom ops' entry has no loss."""
     m = kernel("measure")
     s = m.Shapes(batch=1, seq=4, hidden=32, intermediate=48, q_heads=2, kv_heads=1, head_dim=8,
                  vocab=40)  # fmt: skip
-    impls = m.implementations(("ours", "function", "eager"), s.hidden, s.eps)
-    assert "loss" not in impls["function"] and impls["ours"].keys() - {"loss"} == set(m.OPS)
+    impls = m.implementations(("ours", "custom_op", "eager"), s.hidden, s.eps)
+    assert "loss" not in impls["custom_op"] and impls["ours"].keys() - {"loss"} == set(m.OPS)
     seen = {}
 
     def interleaved(steps):  # stand-in for fastest_interleaved: one call each, 1 ms
@@ -808,12 +829,12 @@ def test_from_python_view_at_tiny_shapes():
         return {key: Stat.of([1.0] * 21, "python-fastest", keep=7) for key in steps}
 
     rows = m.measure_from_python(s, DEVICE, torch.float32, interleaved, impls)
-    assert list(seen) == [(op, n) for op in m.OPS for n in ("ours", "function", "eager")]
+    assert list(seen) == [(op, n) for op in m.OPS for n in ("ours", "custom_op", "eager")]
     assert all(v == (m.PYTHON_CALLS, True) for v in seen.values())
     assert [r["op"] for r in rows] == list(m.OPS)
-    assert set(rows[0]) == {"op", "ours", "function", "eager"}
+    assert set(rows[0]) == {"op", "ours", "custom_op", "eager"}
     assert rows[0]["ours"].clock == "python-fastest"
-    assert m.PYTHON_IMPLS == ("ours", "function", "compile", "liger")
+    assert m.PYTHON_IMPLS == ("ours", "custom_op", "compile", "liger")
 
 
 def tiny_plan(impls):
