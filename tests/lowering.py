@@ -127,7 +127,7 @@ def lower_all(launches=None, arch: int = 90, full: bool = False, ptx: dict | Non
               ) -> list[str]:  # fmt: skip
     """Lower each launch to TTIR for sm_<arch>; one line per failure (kernel file:line, the
     launch's constexprs, the code generator's message). full: compile all the way to a cubin
-    with the launch's num_warps and num_stages (Triton ships ptxas: no GPU needed, about ten
+    with the launch's num_warps and num_stages (Triton ships ptxas: no GPU needed; several
     times as long), and fail a launch whose shared memory exceeds what a block may have; each
     launch's PTX goes into `ptx` when given (keyed by the Launch)."""
     import triton
