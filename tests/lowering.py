@@ -210,6 +210,29 @@ def lower_all(launches=None, arch: int = 90, full: bool = False, ptx: dict | Non
     return failures
 
 
+def resources(ptx: str, arch: int = 90) -> dict[str, int]:
+    """Registers a thread and bytes of spill stores of a PTX kernel, as ptxas -v reports them
+    (Triton's bundled ptxas, sm_<arch>a): what limits the threads in flight."""
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = Path(tmp) / "kernel.ptx"
+        src.write_text(ptx)
+        out = subprocess.run([str(ptxas), "-v", f"--gpu-name=sm_{arch}a", str(src), "-o",
+                              str(Path(tmp) / "kernel.cubin")], capture_output=True, text=True,
+                             check=True).stderr  # fmt: skip
+    registers = re.search(r"Used (\d+) registers", out)
+    spills = re.search(r"(\d+) bytes spill stores", out)
+    if registers is None or spills is None:
+        raise RuntimeError(f"ptxas -v said nothing about registers: {out[-500:]}")
+    return {"registers": int(registers[1]), "spill_stores": int(spills[1])}
+
+
 def enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 

@@ -20,7 +20,15 @@ from snippets.common.models.qwen3 import apply_rope as eager_rope
 from snippets.common.models.qwen3 import swiglu as eager_swiglu
 from snippets.triton_kernels import fp8
 from snippets.triton_kernels.cross_entropy import linear_cross_entropy
-from snippets.triton_kernels.rmsnorm import add_rms_norm, add_rms_norm_op, rms_norm, rms_norm_op
+from snippets.triton_kernels.rmsnorm import (
+    add_rms_norm,
+    add_rms_norm_op,
+    bwd_tile,
+    rms_norm,
+    rms_norm_op,
+    rmsnorm_backward,
+    rmsnorm_forward,
+)
 from snippets.triton_kernels.rope import apply_rope, rope_op
 from snippets.triton_kernels.swiglu import swiglu, swiglu_op
 
@@ -212,27 +220,35 @@ def measure_ops(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, impls,
 
 
 def sweep_rows_per_program(s: Shapes, device, dtype, kernel_times, copy_bytes_per_s, choices):
-    """Our RMSNorm and add + RMSNorm backward for several (rows per program, rows per loop
-    step): fewer rows per program give more programs in flight but a larger fp32 partial-sum
-    buffer (programs x H, written once and read once); more rows a step put more loads in
-    flight between two reductions."""
+    """Our RMSNorm and add + RMSNorm backward (the launcher: the kernel and the partial sums'
+    reduction) for several (rows per program, rows per loop step[, warps]): fewer rows per
+    program give more programs in flight but a larger fp32 partial-sum buffer (programs x H,
+    written once and read once); more rows a step put more loads in flight between two
+    reductions; warps (when not given, bwd_tile's rule) trade registers a thread (spills) for
+    threads a program."""
     elem = torch.finfo(dtype).bits // 8
     t, h = s.tokens, s.hidden
     cases = []
-    for op, fn in (("rmsnorm", rms_norm), ("add_rmsnorm", add_rms_norm)):
-        for per, step in choices:
-            leaves, extra = op_inputs(op, s, device, dtype)
-
-            def norm(*args, fn=fn, tile=(per, step)):
-                return fn(*args, None, *tile)
-
-            cases.append((op, per, step, runners(norm, leaves, extra)[1]))
+    for op in ("rmsnorm", "add_rmsnorm"):
+        fused = op == "add_rmsnorm"
+        for per, step, *warps in choices:
+            (x, *rest), (eps,) = op_inputs(op, s, device, dtype)
+            with torch.no_grad():
+                w = rest[-1]
+                res = rest[0] if fused else None
+                _, rstd, total = rmsnorm_forward(x, w, eps, residual=res)
+                x = total if fused else x  # the fused backward reads the sum s
+                dy = torch.randn_like(x)
+            tile = bwd_tile(h, fused, None, per, step, *warps)
+            backward = partial(rmsnorm_backward, dy, x, w, rstd, dy if fused else None, None,
+                               per, step, *warps)  # fmt: skip
+            cases.append((op, per, step, tile[2], backward))
     rows = []
-    times = kernel_times([case[3] for case in cases])
-    for (op, per, step, _), ms in zip(cases, times, strict=True):
+    times = kernel_times([case[4] for case in cases])
+    for (op, per, step, warps, _), ms in zip(cases, times, strict=True):
         programs = -(-t // per)
         of_copy = rate(byte_model(op, s, elem)[1], ms) / copy_bytes_per_s
-        rows.append({"op": op, "rows_per_program": per, "rows_per_step": step,
+        rows.append({"op": op, "rows_per_program": per, "rows_per_step": step, "warps": warps,
                      "programs": programs, "partial_mb": 2 * programs * h * 4 / 1e6, "bwd_ms": ms,
                      "bwd_of_copy": of_copy})  # fmt: skip
     return rows

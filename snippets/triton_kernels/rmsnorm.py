@@ -186,11 +186,11 @@ def rmsnorm_forward(x, weight, eps, residual=None, block=None):
     return y, rstd, s
 
 
-def bwd_tile(h, fused, block=None, rows_per_program=None, rows_per_step=None):
+def bwd_tile(h, fused, block=None, rows_per_program=None, rows_per_step=None, num_warps=None):
     """(block, column blocks, warps, rows per program, rows per step) of the backward. Rows kept
     whole run STEP rows a loop step (BWD_TILE by default), so a program has STEP rows' loads in
-    flight between two reductions; warps grow with the tile (at least _block's)."""
-    block, n_blocks, num_warps = _block(h, block)
+    flight between two reductions; warps grow with the tile (at least _block's) unless given."""
+    block, n_blocks, default_warps = _block(h, block)
     per, step = BWD_TILE[fused] if n_blocks == 1 else (ROWS_PER_PROGRAM, 1)
     if rows_per_program is not None:  # given: one row a step unless that is given too
         per, step = rows_per_program, 1
@@ -198,15 +198,16 @@ def bwd_tile(h, fused, block=None, rows_per_program=None, rows_per_step=None):
     if step & (step - 1) or per % step or (n_blocks > 1 and step > 1):
         raise ValueError(f"rows per step {step} must be a power of two dividing rows per program "
                          f"{per} (1 when a row spans {n_blocks} blocks)")  # fmt: skip
-    return block, n_blocks, min(16, max(num_warps, step * block // 1024)), per, step
+    warps = num_warps or min(16, max(default_warps, step * block // 1024))
+    return block, n_blocks, warps, per, step
 
 
 def rmsnorm_backward(dy, x, weight, rstd, dsum=None, block=None, rows_per_program=None,
-                     rows_per_step=None):  # fmt: skip
+                     rows_per_step=None, num_warps=None):  # fmt: skip
     """dx (also dr for the fused variant) and dw; dw summed in fp32 over per-program partials."""
     rows, h = x.shape
     block, n_blocks, num_warps, per, step = bwd_tile(h, dsum is not None, block, rows_per_program,
-                                                     rows_per_step)  # fmt: skip
+                                                     rows_per_step, num_warps)  # fmt: skip
     programs = triton.cdiv(rows, per)
     partial = torch.empty(programs, h, device=x.device, dtype=torch.float32)
     dx = torch.empty(rows, h, device=x.device, dtype=x.dtype)

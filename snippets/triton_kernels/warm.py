@@ -38,7 +38,7 @@ class Plan:
     shapes: Shapes
     dtype: torch.dtype
     impls: tuple[str, ...]
-    rows_choices: tuple[tuple[int, int], ...]  # (rows per program, rows per step)
+    rows_choices: tuple[tuple[int, ...], ...]  # (rows per program, rows per step[, warps])
     hidden_sweep: tuple[int, ...]
     sweep_impls: tuple[str, ...]
     loss_variants: tuple

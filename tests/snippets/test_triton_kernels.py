@@ -661,6 +661,36 @@ def test_quantize_divides_exactly_when_compiled_for_hopper():
         assert "cvt.rn.satfinite.e4m3x2.f32" in text
 
 
+@cpu
+def test_rmsnorm_backward_registers_as_the_page_says():
+    """§11.2: compiled for sm_90 (bf16, H 4096), the add + RMSNorm default tile (64 rows, 4 a
+    step, 16 warps) spills, 32 / 2 at 16 or 32 warps does not (the sweep's extra rows)."""
+    from tests import lowering
+
+    if not lowering.enabled():
+        pytest.skip("needs the interpreter's launch records")
+    rn = kernel("rmsnorm")
+    x, dy = (torch.randn(64, 4096, device=DEVICE).bfloat16() for _ in range(2))
+    w, rstd = torch.ones(4096, device=DEVICE).bfloat16(), torch.ones(64, device=DEVICE)
+    tiles = {(64, 4, 16): "spills", (32, 2, 16): "none", (32, 2, 32): "none"}
+    assert rn.bwd_tile(4096, True)[2:] == (16, 64, 4)  # the default: 64 / 4 at 16 warps
+    for per, step, warps in tiles:
+        rn.rmsnorm_backward(dy, x, w, rstd, dy, None, per, step, warps)  # fused: dsum given
+    launches = {}
+    for launch in lowering.LAUNCHES.values():
+        c, o, types = dict(launch.constexprs), dict(launch.options), dict(launch.signature)
+        tile = (c.get("ROWS"), c.get("STEP"), o.get("num_warps"))
+        if (launch.kernel.fn.__name__ == "rmsnorm_bwd_kernel" and tile in tiles
+                and c["BLOCK"] == 4096 and c["HAS_DSUM"] and types["DY"] == "*bf16"):  # fmt: skip
+            launches[tile] = launch
+    assert set(launches) == set(tiles)
+    ptx = {}
+    assert not lowering.lower_all(list(launches.values()), full=True, ptx=ptx)
+    for tile, launch in launches.items():
+        used = lowering.resources(ptx[launch])
+        assert (used["spill_stores"] > 0) == (tiles[tile] == "spills"), (tile, used)
+
+
 def tiny_fp8_shapes():
     return kernel("measure").Shapes(batch=1, seq=6, hidden=512, intermediate=1024)
 
@@ -793,11 +823,13 @@ def test_measurement_code_runs_at_tiny_shapes():
     assert [r["op"] for r in wide] == list(m.OPS)
     assert set(wide[0]) == {"op", "ours", "eager"}
     assert wide[0]["ours"].median == 2.0 and wide[0]["ours"].derived
-    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, kernels, 1e9, ((1, 1), (4, 2)))
-    assert [(r["op"], r["rows_per_program"], r["rows_per_step"], r["programs"]) for r in tuned] == [
-        ("rmsnorm", 1, 1, 4), ("rmsnorm", 4, 2, 1), ("add_rmsnorm", 1, 1, 4),
-        ("add_rmsnorm", 4, 2, 1)]  # fmt: skip
-    assert tuned[2]["bwd_of_copy"].median == 4 * 4 * 32 * 4 / 1e-3 / 1e9  # dy, ds, s -> dx
+    choices = ((1, 1), (4, 2), (4, 2, 2))  # (rows a program, a step[, warps])
+    tuned = m.sweep_rows_per_program(s, DEVICE, torch.float32, kernels, 1e9, choices)
+    tiles = [(1, 1, 4, 4), (4, 2, 4, 1), (4, 2, 2, 1)]  # per, step, warps (4: the rule's), programs
+    got = [(r["op"], r["rows_per_program"], r["rows_per_step"], r["warps"], r["programs"])
+           for r in tuned]  # fmt: skip
+    assert got == [(op, *t) for op in ("rmsnorm", "add_rmsnorm") for t in tiles]
+    assert tuned[3]["bwd_of_copy"].median == 4 * 4 * 32 * 4 / 1e-3 / 1e9  # dy, ds, s -> dx
     sweep = m.sweep_rmsnorm((16, 24), 4, DEVICE, torch.float32, kernels, 1e9, impls)
     assert [r["hidden"] for r in sweep] == [16, 24]
     assert set(sweep[0]) == {"hidden", "ours_ms", "ours_of_copy", "eager_ms", "eager_of_copy"}
