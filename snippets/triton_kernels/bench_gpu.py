@@ -26,6 +26,9 @@ Then the FP8 section, not yet run either: 10 GEMMs timed after a 1 s settle (~0.
 15 quantizer timings (~1 s), the errors' fp64 products (20 GEMMs of ~0.8 TFLOP at the H200's
 fp64 rate: ~0.3 s), our 6 quantize compiles and torch.compile's 2 in the workers: ~4-5 s. If
 the post overruns its 60 s, the FP8 section is the first to move out (a post of its own).
+Also added: the rows sweep's 4 warps variants (8 timed callables, 8 compiles in the workers)
+and the hidden-size sweep's one_pass line (8 timed callables; 2 new compiles, at 12288 and
+16384, in the workers): ~1-2 s.
 """
 
 import math
@@ -64,7 +67,7 @@ ROWS_CHOICES = ((16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4), (32, 1, 32
 # (54-64) spills nothing, 64 / 4 at 32 warps 28 bytes: more threads in flight, fewer spills
 HIDDEN_SWEEP = (1024, 2048, 3072, 4096, 5120, 8192, 12288, 16384)  # 1 K-16 K, powers of two and
 # three between (a row padded to the next power of two); 12288 and 16384 > MAX_BLOCK: two passes
-SWEEP_IMPLS = ("ours", "liger")  # torch.compile would compile again for each H
+SWEEP_IMPLS = ("ours", "one_pass", "liger")  # torch.compile would compile again for each H
 LOSS_VARIANTS = [  # (implementation, (chunk rows, dW accumulator) for ours)
     ("ours", (1024, torch.float32)),  # the default
     ("ours", (1024, torch.bfloat16)),
@@ -106,7 +109,8 @@ entries = implementations(("custom_op",), SHAPES.hidden, SHAPES.eps) | impls  # 
 entries = {name: entries[name] for name in PYTHON_IMPLS if name in entries}  # nothing compiles
 from_python = measure_from_python(SHAPES, "cuda", DTYPE, python_times, entries)
 rows = sweep_rows_per_program(SHAPES, "cuda", DTYPE, gpu_times, copy, ROWS_CHOICES)
-no_recompile = {name: fns for name, fns in impls.items() if name in SWEEP_IMPLS}  # H varies
+swept = impls | implementations(("one_pass",), SHAPES.hidden, SHAPES.eps)  # H varies
+no_recompile = {name: swept[name] for name in SWEEP_IMPLS if name in swept}
 sweep = sweep_rmsnorm(HIDDEN_SWEEP, SHAPES.tokens, "cuda", DTYPE, gpu_times, copy, no_recompile)
 fp8s = measure_fp8(SHAPES, "cuda", DTYPE, gemm_times, gpu_times, copy, fp8.QUANT_CONFIGS)
 fp8s["errors"] = fp8_errors(SHAPES, "cuda", DTYPE)  # no clock: one run of each GEMM

@@ -28,7 +28,9 @@ from snippets.triton_kernels.measure import (
     sweep_rows_per_program,
 )
 
-ORDER = {"compile": 0, "liger": 1, "ours": 2}  # the longest compiles first; eager compiles none
+# the longest compiles first; eager compiles none
+ORDER = {"compile": 0, "liger": 1, "ours": 2, "one_pass": 3}
+SWEEP_ONLY = ("one_pass",)  # implementations only the hidden-size sweep runs
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def units(plan: Plan) -> list[tuple]:
     found += [("sweep", name, h) for h in plan.hidden_sweep for name in plan.sweep_impls]
     if plan.fp8_configs:  # our quantize kernels; torch.compile's, one unit per shape
         found += [("fp8", "ours", None)] + [("fp8", "compile", g) for g in FP8_GEMMS]
-    found = [u for u in found if u[1] in ORDER and u[1] in plan.impls]
+    found = [u for u in found if u[1] in ORDER and (u[1] in plan.impls or u[1] in SWEEP_ONLY)]
     return sorted(found, key=lambda u: (ORDER[u[1]], u[0] != "loss"))
 
 

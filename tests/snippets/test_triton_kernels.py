@@ -869,6 +869,24 @@ def test_from_python_view_at_tiny_shapes():
     assert m.PYTHON_IMPLS == ("ours", "custom_op", "compile", "liger")
 
 
+@cpu
+def test_one_pass_rmsnorm_keeps_a_wide_row_in_one_block(monkeypatch):
+    """The sweep's `one_pass` line: a row wider than MAX_BLOCK in one block (one read), where
+    the default reads it twice; both within the bounds of numerics.py."""
+    m, rn = kernel("measure"), kernel("rmsnorm")
+    monkeypatch.setattr(rn, "MAX_BLOCK", 16)  # rows of 24 are "wide" here
+    assert rn._block(24, None)[:2] == (16, 2) and rn._block(24, 32)[:2] == (32, 1)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(6, 24, generator=g).requires_grad_()
+    w = (1 + 0.1 * torch.randn(24, generator=g)).requires_grad_()
+    dy = torch.randn(6, 24, generator=g)
+    exact, bound = rmsnorm_exact(x, w, dy, 1e-6)
+    for norm in (rn.rms_norm, m.one_pass_rms_norm):
+        y = norm(x, w, 1e-6)
+        dx, dw = torch.autograd.grad(y, (x, w), dy)
+        assert within({"y": y, "dx": dx, "dw": dw}, exact, bound)
+
+
 def tiny_plan(impls):
     w, m = kernel("warm"), kernel("measure")
     s = m.Shapes(batch=1, seq=4, hidden=32, intermediate=48, q_heads=2, kv_heads=1, head_dim=8,
@@ -889,6 +907,10 @@ def test_warm_units_cover_the_benchmark():
     sweeps = [u[1:] for u in todo if u[0] == "sweep"]
     assert sweeps == [("liger", 16), ("liger", 24), ("ours", 16), ("ours", 24)]
     assert not any(u[1] == "eager" for u in todo)  # nothing to compile
+    plan = tiny_plan(("ours", "liger"))
+    plan = w.Plan(**(plan.__dict__ | {"sweep_impls": ("ours", "one_pass", "liger")}))
+    assert [u for u in w.units(plan) if u[1] == "one_pass"] == [
+        ("sweep", "one_pass", 16), ("sweep", "one_pass", 24)]  # the sweep's own line  # fmt: skip
 
 
 @cpu
