@@ -35,6 +35,8 @@ class Launch:
     signature: tuple[tuple[str, str], ...]  # (parameter, Triton type or "constexpr")
     constexprs: tuple[tuple[str, object], ...]
     options: tuple[tuple[str, int], ...] = ()  # num_warps, num_stages as launched
+    attrs: tuple[tuple[int, str], ...] = ()  # (parameter index, "D"): divisible by 16, as the
+    # JIT specialises a pointer or an integer; the code generator then vectorises and aligns
 
     def where(self, error: Exception | None = None) -> str:
         """file:line (kernel): the line the code generator stopped at, else the def line."""
@@ -49,30 +51,57 @@ class Launch:
 LAUNCHES: dict[tuple, Launch] = {}
 
 
-def _launch_of(fn, args, kwargs) -> Launch | None:
-    from triton.runtime.jit import mangle_type
+_BACKEND = {}
 
+
+def _backend(arch: int = 90):
+    """Triton's CUDA backend for sm_<arch> (no driver needed): the JIT's specialisation rules."""
+    if arch not in _BACKEND:
+        from triton.backends.compiler import GPUTarget
+        from triton.backends.nvidia.compiler import CUDABackend
+
+        _BACKEND[arch] = CUDABackend(GPUTarget("cuda", arch, 32))
+    return _BACKEND[arch]
+
+
+def _launch_of(fn, args, kwargs) -> Launch | None:
+    """The launch as the JIT would specialise it on the GPU (triton.runtime.jit's
+    native_specialize_impl): types, integers equal to 1 as constexprs, and which pointers and
+    integers are divisible by 16 -- unless the kernel says do_not_specialize(_on_alignment)."""
+    from triton.runtime.jit import native_specialize_impl
+
+    options_of = getattr(fn, "kwargs", {})
+    fixed = set(options_of.get("do_not_specialize") or ())
+    unaligned = fixed | set(options_of.get("do_not_specialize_on_alignment") or ())
     params = inspect.signature(fn.fn).parameters
     bound = inspect.signature(fn.fn).bind_partial(
         *args, **{k: v for k, v in kwargs.items() if k not in _SKIP}
     )
     bound.apply_defaults()
-    signature, constexprs = [], []
-    for name, param in params.items():
+    signature, constexprs, attrs = [], [], []
+    for index, (name, param) in enumerate(params.items()):
         if name not in bound.arguments:
             return None  # a launch this module does not understand: not recorded
         value = bound.arguments[name]
         if "constexpr" in str(param.annotation) or value is None:
             signature.append((name, "constexpr"))
             constexprs.append((name, value))
-        else:
-            signature.append((name, mangle_type(value)))
+            continue
+        kind, key = native_specialize_impl(_backend(), value, False, name not in fixed,
+                                           name not in unaligned)  # fmt: skip
+        if kind == "constexpr":  # an integer 1
+            signature.append((name, "constexpr"))
+            constexprs.append((name, key))
+            continue
+        signature.append((name, kind))
+        if isinstance(key, str) and key:
+            attrs.append((index, key))
     try:
         hash(tuple(constexprs))
     except TypeError:
         return None
     options = tuple((k, kwargs[k]) for k in _OPTIONS if kwargs.get(k) is not None)
-    return Launch(fn, tuple(signature), tuple(constexprs), options)
+    return Launch(fn, tuple(signature), tuple(constexprs), options, tuple(attrs))
 
 
 def record() -> None:
@@ -89,7 +118,7 @@ def record() -> None:
         except Exception:  # an argument mangle_type cannot name: not recorded, still launched
             launch = None
         if launch is not None:
-            key = (id(self), launch.signature, launch.constexprs, launch.options)
+            key = (id(self), launch.signature, launch.constexprs, launch.options, launch.attrs)
             LAUNCHES.setdefault(key, launch)
         return run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
@@ -144,8 +173,8 @@ def lower_all(launches=None, arch: int = 90, full: bool = False, ptx: dict | Non
     options = backend.parse_options({})
     jits: dict[int, JITFunction] = {}
 
-    def jit(f):
-        return jits.setdefault(id(f), JITFunction(f.fn))
+    def jit(f):  # with the kernel's own options (do_not_specialize)
+        return jits.setdefault(id(f), JITFunction(f.fn, **getattr(f, "kwargs", {})))
 
     undo = _restore(_PRISTINE)
     swapped = []  # device functions (ours, and triton.language's own: tl.sum is one) as JIT
@@ -175,8 +204,9 @@ def lower_all(launches=None, arch: int = 90, full: bool = False, ptx: dict | Non
     failures = []
     try:
         for launch in launches:
+            attrs = {(i,): backend.parse_attr(key) for i, key in launch.attrs}
             src = ASTSource(fn=jit(launch.kernel), signature=dict(launch.signature),
-                            constexprs=dict(launch.constexprs))  # fmt: skip
+                            constexprs=dict(launch.constexprs), attrs=attrs)  # fmt: skip
             context = ir.context()
             ir.load_dialects(context)
             backend.load_dialects(context)

@@ -61,10 +61,10 @@ SHAPES, DTYPE = Shapes(), torch.bfloat16  # 2 x 4096 tokens, H 4096, I 12288, V 
 # (rows a program, rows a step[, warps]); warps, when given, from the compile below
 ROWS_CHOICES = ((16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4), (32, 1, 32), (32, 2, 16),
                 (32, 2, 32), (64, 4, 32))  # fmt: skip
-# Compiled for sm_90 on the CPU (bf16, H 4096, ptxas -v): the defaults' warps are 8 for 32 / 2
-# (RMSNorm: 236 registers a thread) and 16 for 64 / 4 (add + RMSNorm: 128 registers, the cap at
-# 512 threads, and 704 bytes of spill stores); 32 / 2 at 16 warps (125-128 registers) or at 32
-# (54-64) spills nothing, 64 / 4 at 32 warps 28 bytes: more threads in flight, fewer spills
+# Compiled for sm_90 on the CPU as the JIT specialises them (bf16, H 4096, ptxas -v): the
+# defaults, 32 / 2 at 8 warps (124 registers a thread, 2 programs an SM) and 64 / 4 at 16 (123
+# registers, 1 program), keep 16 warps an SM of its 64; at 32 warps both keep 32 (64 registers),
+# without spilling: more loads in flight
 HIDDEN_SWEEP = (1024, 2048, 3072, 4096, 5120, 8192, 12288, 16384)  # 1 K-16 K, powers of two and
 # three between (a row padded to the next power of two); 12288 and 16384 > MAX_BLOCK: two passes
 SWEEP_IMPLS = ("ours", "one_pass", "liger")  # torch.compile would compile again for each H

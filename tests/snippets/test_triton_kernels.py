@@ -663,8 +663,11 @@ def test_quantize_divides_exactly_when_compiled_for_hopper():
 
 @cpu
 def test_rmsnorm_backward_registers_as_the_page_says():
-    """§11.2: compiled for sm_90 (bf16, H 4096), the add + RMSNorm default tile (64 rows, 4 a
-    step, 16 warps) spills, 32 / 2 at 16 or 32 warps does not (the sweep's extra rows)."""
+    """§11.2: compiled for sm_90 as the JIT specialises them (bf16, H 4096), both default tiles
+    keep 16 warps resident an SM, 32 / 2 and 64 / 4 at 32 warps keep 32, the last spilling 8
+    bytes (the exact counts are ptxas's: a Triton upgrade may move them). An SM has
+    64 K 32-bit registers (compute capability 9.0): programs an SM = 65536 // (registers a
+    thread x threads a program), whole programs only."""
     from tests import lowering
 
     if not lowering.enabled():
@@ -672,23 +675,27 @@ def test_rmsnorm_backward_registers_as_the_page_says():
     rn = kernel("rmsnorm")
     x, dy = (torch.randn(64, 4096, device=DEVICE).bfloat16() for _ in range(2))
     w, rstd = torch.ones(4096, device=DEVICE).bfloat16(), torch.ones(64, device=DEVICE)
-    tiles = {(64, 4, 16): "spills", (32, 2, 16): "none", (32, 2, 32): "none"}
-    assert rn.bwd_tile(4096, True)[2:] == (16, 64, 4)  # the default: 64 / 4 at 16 warps
-    for per, step, warps in tiles:
-        rn.rmsnorm_backward(dy, x, w, rstd, dy, None, per, step, warps)  # fused: dsum given
+    assert rn.bwd_tile(4096, False)[2:] == (8, 32, 2) and rn.bwd_tile(4096, True)[2:] == (16, 64, 4)
+    # (fused, rows, step, warps): (warps resident an SM, bytes of spill stores)
+    tiles = {(False, 32, 2, 8): (16, 0), (True, 64, 4, 16): (16, 0), (False, 32, 2, 32): (32, 0),
+             (True, 64, 4, 32): (32, 8)}  # fmt: skip
+    for fused, per, step, warps in tiles:
+        rn.rmsnorm_backward(dy, x, w, rstd, dy if fused else None, None, per, step, warps)
     launches = {}
     for launch in lowering.LAUNCHES.values():
         c, o, types = dict(launch.constexprs), dict(launch.options), dict(launch.signature)
-        tile = (c.get("ROWS"), c.get("STEP"), o.get("num_warps"))
+        tile = (c.get("HAS_DSUM"), c.get("ROWS"), c.get("STEP"), o.get("num_warps"))
         if (launch.kernel.fn.__name__ == "rmsnorm_bwd_kernel" and tile in tiles
-                and c["BLOCK"] == 4096 and c["HAS_DSUM"] and types["DY"] == "*bf16"):  # fmt: skip
+                and c["BLOCK"] == 4096 and types["DY"] == "*bf16"):  # fmt: skip
             launches[tile] = launch
     assert set(launches) == set(tiles)
     ptx = {}
     assert not lowering.lower_all(list(launches.values()), full=True, ptx=ptx)
     for tile, launch in launches.items():
         used = lowering.resources(ptx[launch])
-        assert (used["spill_stores"] > 0) == (tiles[tile] == "spills"), (tile, used)
+        warps = tile[3]
+        resident = 65536 // (used["registers"] * 32 * warps) * warps
+        assert (resident, used["spill_stores"]) == tiles[tile], (tile, used)
 
 
 def tiny_fp8_shapes():
