@@ -1,8 +1,9 @@
 """One fix to Triton's interpreter (TRITON_INTERPRET=1), installed by the root conftest.
 
 Triton 3.6's interpreter rounds downcasts to 8-bit floats wrongly (triton-lang/triton#8322): ties
-do not go to even, and a round-up that overflows the mantissa loses its carry (fp32 126.24 to
-float8e4nv becomes 64, not 128), as triton-lang/triton#11897 describes; not merged yet.
+round away from zero, not to even; a round-up that overflows the mantissa loses its carry (fp32
+126.24 to float8e4nv becomes 64, not 128); subnormal results are rounded twice -- as
+triton-lang/triton#11897 describes (#9808 fixes the ties only); neither merged yet.
 The GPU rounds to nearest even and saturates at 448 (cvt.rn.satfinite), as torch's own cast
 does, so the interpreter takes torch's cast for that one conversion; GPU tests check the
 compiled kernels against the same references without this."""
