@@ -27,8 +27,8 @@ Then the FP8 section, not yet run either: 10 GEMMs timed after a 1 s settle (~0.
 fp64 rate: ~0.3 s), our 6 quantize compiles and torch.compile's 2 in the workers: ~4-5 s. If
 the post overruns its 60 s, the FP8 section is the first to move out (a post of its own).
 Also added: the rows sweep's 4 warps variants (8 timed callables, 8 compiles in the workers)
-and the hidden-size sweep's one_pass line (8 timed callables; 2 new compiles, at 12288 and
-16384, in the workers): ~1-2 s.
+and the hidden-size sweep's one_pass line (timed at 12288 and 16384 only: below MAX_BLOCK it is
+the default kernel; 2 timed callables, 2 compiles in the workers): ~1 s.
 """
 
 import math
@@ -63,8 +63,8 @@ ROWS_CHOICES = ((16, 1), (32, 1), (64, 1), (32, 2), (64, 2), (64, 4), (32, 1, 32
                 (32, 2, 32), (64, 4, 32))  # fmt: skip
 # Compiled for sm_90 on the CPU as the JIT specialises them (bf16, H 4096, ptxas -v): the
 # defaults, 32 / 2 at 8 warps (124 registers a thread, 2 programs an SM) and 64 / 4 at 16 (123
-# registers, 1 program), keep 16 warps an SM of its 64; at 32 warps both keep 32 (64 registers),
-# without spilling: more loads in flight
+# registers, 1 program), keep 16 warps an SM of its 64; at 32 warps both keep 32 (64 registers;
+# 32 / 2 spills nothing, 64 / 4 a few bytes): more loads in flight
 HIDDEN_SWEEP = (1024, 2048, 3072, 4096, 5120, 8192, 12288, 16384)  # 1 K-16 K, powers of two and
 # three between (a row padded to the next power of two); 12288 and 16384 > MAX_BLOCK: two passes
 SWEEP_IMPLS = ("ours", "one_pass", "liger")  # torch.compile would compile again for each H

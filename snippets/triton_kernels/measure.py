@@ -21,6 +21,7 @@ from snippets.common.models.qwen3 import swiglu as eager_swiglu
 from snippets.triton_kernels import fp8
 from snippets.triton_kernels.cross_entropy import linear_cross_entropy
 from snippets.triton_kernels.rmsnorm import (
+    MAX_BLOCK,
     add_rms_norm,
     add_rms_norm_op,
     bwd_tile,
@@ -261,14 +262,22 @@ def sweep_rows_per_program(s: Shapes, device, dtype, kernel_times, copy_bytes_pe
     return rows
 
 
+def swept(name: str, hidden: int) -> bool:
+    """Whether the hidden-size sweep times `name` at `hidden`: one_pass only past MAX_BLOCK,
+    below which it is the default kernel with the same block and tile (a second timing of it)."""
+    return name != "one_pass" or hidden > MAX_BLOCK
+
+
 def sweep_rmsnorm(hiddens, tokens, device, dtype, kernel_times, copy_bytes_per_s, impls):
     """RMSNorm forward + backward over hidden sizes: kernel time and fraction of the copy
-    bandwidth per implementation (columns <impl>_ms, <impl>_of_copy)."""
+    bandwidth per implementation (columns <impl>_ms, <impl>_of_copy; none where not swept)."""
     elem = torch.finfo(dtype).bits // 8
     cases = []  # (hidden, implementation, forward + backward)
     for h in hiddens:
         s = Shapes(batch=1, seq=tokens, hidden=h)
         for name, fns in impls.items():
+            if not swept(name, h):
+                continue
             leaves, extra = op_inputs("rmsnorm", s, device, dtype)
             cases.append((h, name, runners(fns["rmsnorm"], leaves, extra)[2]))
     rows = {}

@@ -26,6 +26,7 @@ from snippets.triton_kernels.measure import (
     measure_ops,
     sweep_rmsnorm,
     sweep_rows_per_program,
+    swept,
 )
 
 # the longest compiles first; eager compiles none
@@ -53,7 +54,8 @@ def units(plan: Plan) -> list[tuple]:
     found = [("loss", name, None) for name in dict.fromkeys(n for n, _ in plan.loss_variants)]
     found += [("ops", name, op) for op in OPS for name in plan.impls]
     found.append(("rows", "ours", None))
-    found += [("sweep", name, h) for h in plan.hidden_sweep for name in plan.sweep_impls]
+    found += [("sweep", name, h) for h in plan.hidden_sweep for name in plan.sweep_impls
+              if swept(name, h)]  # fmt: skip
     if plan.fp8_configs:  # our quantize kernels; torch.compile's, one unit per shape
         found += [("fp8", "ours", None)] + [("fp8", "compile", g) for g in FP8_GEMMS]
     found = [u for u in found if u[1] in ORDER and (u[1] in plan.impls or u[1] in SWEEP_ONLY)]
