@@ -8,8 +8,11 @@ weight, whatever the group sizes (0 included), forward and backward.
 The forward's work list is made on the device, without a host sync: group g has ceil(M_g / BM)
 row tiles, and their real count stays on the device. The forward kernel is persistent: one
 program per SM, each looping over (row tile, N tile) pairs up to that count; it reads X and W
-through host-side TMA tensor descriptors (X [M, K], W as [G*N, K]), which need a unit last
-stride and 16-byte aligned base and strides. Where they do not hold (bf16: K or N not a multiple
+through host-side TMA tensor descriptors (X [M, K], W [G, N, K]), which need a unit last
+stride and 16-byte aligned base and strides. W's descriptor is 3-D so that a tile reaching past
+one expert's N or K is zero-filled at that expert's edge: read as [G*N, K], dX's last step would
+take the next expert's first rows, and a NaN or inf there (times the zero columns of dY) would
+reach this expert's dX. Where they do not hold (bf16: K or N not a multiple
 of 8), and for fp32 (tiles of the configs' size overflow shared memory), a pointer kernel runs
 instead: one program per (N tile, row tile) on a grid sized for the most tiles any split of M
 rows into G groups can give (ceil(M / BM) + G), those past the real count returning at once.
@@ -88,7 +91,7 @@ def _set_blocks(nargs):
     """A descriptor's block is the config's tile: set it before each launch (autotuning too)."""
     bm, bn, bk = nargs["BM"], nargs["BN"], nargs["BK"]
     nargs["a_desc"].block_shape = [bm, bk]
-    nargs["w_desc"].block_shape = [bk, bn] if nargs["W_KN"] else [bn, bk]
+    nargs["w_desc"].block_shape = [1, bk, bn] if nargs["W_KN"] else [1, bn, bk]
 
 
 # --8<-- [start:kernels]
@@ -97,8 +100,9 @@ def _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N
               K: tl.constexpr, W_KN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               BK: tl.constexpr):  # fmt: skip
     """One [BM, BN] output tile: row tile `tile` of the schedule, N tile pid_n; A [M, K] times
-    W[g] read from the [G * rows, cols] view of W: forward, N rows of K (used transposed); dX
-    (W_KN), K rows of N (W's own layout: the sum runs over W's N)."""
+    W[g] read through W's [G, rows, cols] descriptor: forward, N rows of K (used transposed); dX
+    (W_KN), K rows of N (W's own layout: the sum runs over W's N). Past either edge of W[g] the
+    descriptor gives zeros, never the next expert's values."""
     g = tl.load(TILE_GROUP + tile)
     row0 = tl.load(TILE_ROW + tile)
     end = tl.load(OFFSETS + g + 1)
@@ -106,11 +110,11 @@ def _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N
     acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         a = a_desc.load([row0, k0])  # [BM, BK]; columns past K: zeros (the descriptor's bound)
-        if W_KN:  # dX: rows past K are group g+1's, multiplied by a's zero columns
-            b = w_desc.load([g * K + k0, n0])  # [BK, BN]
+        if W_KN:  # dX
+            b = w_desc.load([g, k0, n0]).reshape(BK, BN)
             acc = tl.dot(a, b, acc)
-        else:  # forward: rows past N are group g+1's, their output columns masked at the store
-            b = w_desc.load([g * N + n0, k0])  # [BN, BK]
+        else:  # forward
+            b = w_desc.load([g, n0, k0]).reshape(BN, BK)
             acc = tl.dot(a, b.T, acc)
     rows = row0 + tl.arange(0, BM)  # rows past the group's end: the next group's, masked too
     cols = n0 + tl.arange(0, BN)
@@ -214,8 +218,8 @@ def grouped_mm_dw_kernel(DY, X, DW, OFFSETS, N, K, stride_dym, stride_xm, stride
 # --8<-- [start:launchers]
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """x [M, K] rows sorted by group, w [G, N, K], offsets [G + 1] -> [M, N]. Any strides; on
-    the TMA path a w whose last stride is not 1, or that is not viewable as [G*N, K], is copied
-    contiguous first."""
+    the TMA path a w whose strides a descriptor cannot take (last not 1, others not 16-byte
+    multiples) is copied contiguous first."""
     return _grouped(x, w, offsets, w_kn=False)
 
 
@@ -235,31 +239,29 @@ def _grouped(a, w, offsets, w_kn):
     out = torch.empty(m, k2 if w_kn else n, device=a.device, dtype=a.dtype)
     if m == 0:
         return out
-    if _describable(a) and (w_rows := _describable_rows(w)) is not None:
-        _launch_tma(a, w_rows, out, offsets, w_kn)
+    if _describable(a) and (w_tma := _describable_w(w)) is not None:
+        _launch_tma(a, w_tma, out, offsets, w_kn)
     else:
         _launch_ptr(a, w.transpose(1, 2) if w_kn else w, out, offsets)
     return out
 
 
 def _describable(t):
-    """Whether the TMA kernel can read the 2-D t: a descriptor needs a 16-byte aligned base and
-    row stride, unit last stride, no empty dimension; and 2-byte elements (bf16, fp16), for which
-    FWD_SHAPES are sized: fp32 tiles that size overflow shared memory (fp32 takes the pointer
-    kernel)."""
-    return (t.element_size() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
-            and t.stride(0) * t.element_size() % 16 == 0 and min(t.shape) > 0)  # fmt: skip
+    """Whether the TMA kernel can read t: a descriptor needs a 16-byte aligned base and strides
+    but the last, unit last stride, no empty dimension; and 2-byte elements (bf16, fp16), for
+    which FWD_SHAPES are sized: fp32 tiles that size overflow shared memory (fp32 takes the
+    pointer kernel)."""
+    return (t.element_size() == 2 and t.stride(-1) == 1 and t.data_ptr() % 16 == 0
+            and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+            and min(t.shape) > 0)  # fmt: skip
 
 
-def _describable_rows(w):
-    """W [G, N, K] as the [G*N, K] a descriptor reads (a contiguous copy where no view has unit
-    last stride), or None where none can be described."""
-    g, n, k = w.shape
-    if w.element_size() != 2 or k * 2 % 16:  # a copy would not do either
+def _describable_w(w):
+    """W [G, N, K] as the descriptor reads it (itself, or a contiguous copy where its strides do
+    not do), or None where none can be described."""
+    if w.element_size() != 2 or w.shape[2] * 2 % 16:  # a copy would not do either
         return None
-    rows = w.reshape(g * n, k)  # a view where the strides allow
-    rows = rows if rows.stride(1) == 1 else rows.contiguous()
-    return rows if _describable(rows) else None
+    return w if _describable(w) else (w.contiguous() if min(w.shape) > 0 else None)
 
 
 @functools.cache
@@ -278,14 +280,14 @@ def _shared_bm(kernel):
     return bms.pop()
 
 
-def _launch_tma(a, w_rows, out, offsets, w_kn):
+def _launch_tma(a, w, out, offsets, w_kn):
     kernel = grouped_mm_kernel
     m, k = a.shape
     n = out.shape[1]
     tile_group, tile_row, num = tile_schedule(offsets, m, _shared_bm(kernel))
     # placeholder blocks: _set_blocks sets each config's before its launch
     a_desc = TensorDescriptor.from_tensor(a, [16, 16])
-    w_desc = TensorDescriptor.from_tensor(w_rows, [16, 16])
+    w_desc = TensorDescriptor.from_tensor(w, [1, 16, 16])
     num_sms = _num_sms(a.device)
     # the interpreter's loop bound: pairs of any config (the smallest BN gives the most)
     min_bn = min(c.kwargs["BN"] for c in kernel.configs)

@@ -599,23 +599,50 @@ def test_grouped_gemm_any_strides_and_no_rows(monkeypatch):
 
     x = randn(32, 48)[:, :k]  # rows 48 apart: described as they are
     dy = randn(32, 48)[:, :n]
-    padded = randn(3, n, 64)[..., :k]  # viewable as [G*N, K] with rows 64 apart
+    padded = randn(3, n, 64)[..., :k]  # rows 64 apart: described as it is
+    apart = randn(5, n, k)[::2]  # experts 2 N K apart: described as it is
     transposed = randn(3, k, n).transpose(1, 2)  # last stride N: copied contiguous
 
     def per_group(a, mats):  # fp32, one matmul per group
         return torch.cat([p @ q for p, q in zip(a.float().split(counts), mats, strict=True)])
 
+    import snippets.moe_training.grouped_gemm as gg
+
+    assert gg._describable_w(padded) is padded and gg._describable_w(apart) is apart
     launched = _record_paths(monkeypatch)
-    for w in (padded, transposed):
+    for w in (padded, apart, transposed):
         ws = w.float().unbind(0)
         for got, a, mats in ((grouped_mm(x, w, offsets), x, [v.t() for v in ws]),
                              (grouped_mm_dx(dy, w, offsets), dy, ws)):  # fmt: skip
             mag = per_group(a.abs(), [v.abs() for v in mats])
             assert_rounded(got, per_group(a, mats), mag, dtype, roundings=0, terms=max(k, n))
-    assert launched == ["tma"] * 4
+    assert launched == ["tma"] * 6
     empty = group_offsets(torch.zeros(3, dtype=torch.int64, device=DEVICE))  # M == 0
     assert grouped_mm(x[:0], padded, empty).shape == (0, n)
     assert grouped_mm_dx(dy[:0], padded, empty).shape == (0, k)
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_grouped_gemm_keeps_an_experts_nan_or_inf_to_itself(poison):
+    """N 24 is no multiple of the tiles' K step (16 on the CPU, 64 or more on the GPU): dX's last
+    step over N reaches past expert 0's rows of W. Those must read as zeros, not as expert 1's
+    rows, or 0 * inf = NaN lands in expert 0's dX."""
+    dtype = DTYPES[-1]  # a 2-byte type: the TMA path
+    counts, k, n = [16, 16, 16], 32, 24
+    offsets = group_offsets(torch.tensor(counts, device=DEVICE))
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(48, k, device=DEVICE, generator=gen).to(dtype)
+    dy = torch.randn(48, n, device=DEVICE, generator=gen).to(dtype)
+    w = torch.randn(3, n, k, device=DEVICE, generator=gen).to(dtype)
+    w[1] = poison
+    ws = w.float().unbind(0)
+    for got, a, mats in ((grouped_mm(x, w, offsets), x, [v.t() for v in ws]),
+                         (grouped_mm_dx(dy, w, offsets), dy, ws)):  # fmt: skip
+        for e in (0, 2):
+            rows = slice(16 * e, 16 * e + 16)
+            want = a[rows].float() @ mats[e]
+            mag = a[rows].float().abs() @ mats[e].abs()
+            assert_rounded(got[rows], want, mag, dtype, roundings=0, terms=max(k, n))
 
 
 def test_grouped_gemm_rejects_bad_shapes():
