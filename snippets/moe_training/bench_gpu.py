@@ -12,7 +12,8 @@ fewer, ~-1.6 s), 100 ms settling after the first callable (-2 s). Estimate ~59 s
 re-timing, ~62 s with one.
 The run of 72f8ed1 took 61.0 s (this file 40.9 s: kernel_ms_each 21.6 s, no re-timing); two
 tests of the benchmark's and the balancing run's structure at tiny shapes now run on the CPU
-only (-2.3 s on the GPU): ~58.7 s.
+only (-2.3 s on the GPU): ~58.7 s. Then the dW alone, ours and torch's at the first skew: 2
+callables, ~1.2 s.
 """
 
 import torch
@@ -66,7 +67,7 @@ g_fns, g_finish = grouped_jobs(SKEWS, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda", 
                                skip=("torch_grouped_mm",) if missing else ())  # fmt: skip
 f_fns, f_finish = fp8_jobs({"balanced": 0.0}, ROWS, EXPERTS, HIDDEN, 2 * INTER, "cuda")
 stats = gpu_times(g_fns + f_fns)  # one profiler session: the GPU settles once
-gemm, fp8 = g_finish(stats[: len(g_fns)]), f_finish(stats[len(g_fns) :])
+(gemm, gemm_parts), fp8 = g_finish(stats[: len(g_fns)]), f_finish(stats[len(g_fns) :])
 
 # the configs autotuning picked: two runs of this code put balanced forward at 0.87 and 0.94
 # of torch._grouped_mm, and which config each had picked was not recorded. Forward and dX run
@@ -92,7 +93,8 @@ with torch.autocast("cuda", dtype=torch.bfloat16):
 write_result("moe-training", "grouped-gemm", {
     "gpu": gpu.name, "peak_tflops": gpu.bf16_dense_tflops, "rows": ROWS, "k": HIDDEN,
     "n": 2 * INTER, "experts": EXPERTS, "unavailable": missing or "无", "runs": gemm,
-    "ratios": ratios(gemm), "autotuned": autotuned})  # fmt: skip
+    "ratios": ratios(gemm), "parts": gemm_parts, "part_ratios": ratios(gemm_parts),
+    "autotuned": autotuned})  # fmt: skip
 write_result("moe-training", "fp8", {"peak_tflops": gpu.fp8_dense_tflops, "runs": fp8})
 write_result("moe-training", "balance", {
     "steps": BAL_STEPS, "eval_tokens": EVAL_TOKENS, "summary": summarize(runs, tail=10),

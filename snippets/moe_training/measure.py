@@ -18,6 +18,7 @@ from snippets.moe_training.grouped_gemm import (
     group_offsets,
     grouped_linear,
     grouped_mm,
+    grouped_mm_dw,
     grouped_mm_loop,
 )
 
@@ -40,6 +41,8 @@ def zipf_counts(rows: int, groups: int, s: float) -> list[int]:
 
 # --8<-- [start:cases]
 IMPLS = ("ours", "loop", "torch_grouped_mm", "dense")
+PASSES = ("forward", "backward")
+PARTS = ("dw",)  # parts of the backward also timed alone (ours and torch._grouped_mm)
 
 
 def grouped_mm_available(device) -> str | None:
@@ -56,8 +59,10 @@ def grouped_mm_available(device) -> str | None:
 
 
 def cases(counts: list[int], k: int, n: int, device, dtype, seed=0):
-    """(forward, backward) callables of each implementation on one problem: x [M, K] sorted by
-    expert, w [G, N, K]; the dense GEMM multiplies [M, K] by one [K, N] (the same FLOPs)."""
+    """(forward, backward, parts) callables on one problem: x [M, K] sorted by expert, w
+    [G, N, K]; the dense GEMM multiplies [M, K] by one [K, N] (the same FLOPs). parts: the dW
+    alone, as each grouped implementation's backward computes it (torch's autograd calls
+    torch._grouped_mm(dY^T, X, offs)); the backward minus it is the dX."""
     gen = torch.Generator(device=device).manual_seed(seed)
     m, g = sum(counts), len(counts)
     x = torch.randn(m, k, device=device, dtype=dtype, generator=gen).requires_grad_()
@@ -79,7 +84,14 @@ def cases(counts: list[int], k: int, n: int, device, dtype, seed=0):
         params = [x, dense_w] if name == "dense" else [x, w]
         return lambda: torch.autograd.grad(y, params, dy, retain_graph=True)
 
-    return fwd, {name: backward(name) for name in IMPLS}
+    xd = x.detach()
+    parts = {
+        "dw": {
+            "ours": lambda: grouped_mm_dw(dy, xd, offsets),
+            "torch_grouped_mm": lambda: torch._grouped_mm(dy.t(), xd, offs=offs),
+        }
+    }
+    return fwd, {name: backward(name) for name in IMPLS}, parts
 
 
 # --8<-- [end:cases]
@@ -87,20 +99,25 @@ def cases(counts: list[int], k: int, n: int, device, dtype, seed=0):
 
 # --8<-- [start:measure]
 def grouped_jobs(skews, rows, experts, k, n, device, dtype, skip=()):
-    """(callables, finish): finish(one Stat per callable) -> one row per (skew, implementation,
-    pass) with TFLOP/s: forward 2 M N K, backward (dX and dW) 4 M N K. Split so that the GPU
-    run times these and the FP8 ones in one profiler session (it settles once)."""
+    """(callables, finish): finish(one Stat per callable) -> (rows, parts): one row per (skew,
+    implementation, pass) with TFLOP/s, forward 2 M N K, backward (dX and dW) 4 M N K; parts
+    the same for the dW alone (2 M N K), at the first skew only. Split so that the GPU run times
+    these and the FP8 ones in one profiler session (it settles once)."""
     impls = [i for i in IMPLS if i not in skip]
     fns, keys = [], []
     for j, (name, s) in enumerate(skews.items()):
         counts = zipf_counts(rows, experts, s)
-        fwd, bwd = cases(counts, k, n, device, dtype)
-        for p, (table, flops) in enumerate(((fwd, 2 * rows * n * k), (bwd, 4 * rows * n * k))):
+        fwd, bwd, parts = cases(counts, k, n, device, dtype)
+        for pas, table, flops in (("forward", fwd, 2), ("backward", bwd, 4)):
             for impl in impls:
                 if impl == "dense" and j > 0:  # one [M, K] x [K, N]: no groups, no skew
                     continue
                 fns.append(table[impl])
-                keys.append((name, s, impl, ("forward", "backward")[p], flops, counts))
+                keys.append((name, s, impl, pas, flops * rows * n * k, counts))
+        for pas in PARTS if j == 0 else ():
+            for impl in (i for i in impls if i in parts[pas]):
+                fns.append(parts[pas][impl])
+                keys.append((name, s, impl, pas, 2 * rows * n * k, counts))
 
     def finish(stats):
         out = []
@@ -108,13 +125,14 @@ def grouped_jobs(skews, rows, experts, k, n, device, dtype, skip=()):
             out.append({"skew": name, "zipf_s": s, "impl": impl, "pass": pas, "ms": stat,
                         "tflops": rate(flops, stat) / 1e12, "max_rows": max(counts),
                         "min_rows": min(counts)})  # fmt: skip
-        return out
+        return ([r for r in out if r["pass"] in PASSES], [r for r in out if r["pass"] in PARTS])
 
     return fns, finish
 
 
 def measure_grouped(skews, rows, experts, k, n, device, dtype, times, skip=()):
-    """grouped_jobs timed by `times`: callables in, one Stat each out (kernel_ms_each)."""
+    """grouped_jobs timed by `times` (callables in, one Stat each out: kernel_ms_each) ->
+    (rows, parts)."""
     fns, finish = grouped_jobs(skews, rows, experts, k, n, device, dtype, skip)
     return finish(times(fns))
 

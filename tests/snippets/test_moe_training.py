@@ -687,6 +687,7 @@ from snippets.moe_training.fp8 import (  # noqa: E402
 )
 from snippets.moe_training.measure import (  # noqa: E402
     IMPLS,
+    cases,
     measure_fp8,
     measure_grouped,
     ratios,
@@ -733,8 +734,14 @@ def _stub_times(fns):
 # the page's GPU fence runs this code at full size; here its structure, at tiny shapes
 @pytest.mark.skipif(ON_GPU, reason="CPU-only checks; they ran in nox -s tests")
 def test_benchmark_code_runs_at_tiny_shapes():
-    rows = measure_grouped({"balanced": 0.0, "zipf-1": 1.0}, 64, 4, 32, 32, DEVICE,
-                           torch.float32, _stub_times, skip=("torch_grouped_mm",))  # fmt: skip
+    skews = {"balanced": 0.0, "zipf-1": 1.0}
+    rows, parts = measure_grouped(skews, 64, 4, 32, 32, DEVICE, torch.float32, _stub_times,
+                                  skip=("torch_grouped_mm",))  # fmt: skip
+    # the dW alone: at the first skew only, of the implementations not skipped
+    assert [(r["skew"], r["impl"], r["pass"]) for r in parts] == [("balanced", "ours", "dw")]
+    assert parts[0]["tflops"].median * 2 == pytest.approx(
+        next(r for r in rows if r["impl"] == "ours" and r["pass"] == "backward")["tflops"].median
+    )
     # ours and loop at each skew and pass; the dense GEMM (no groups) at the first skew only
     assert len(rows) == 2 * 2 * (len(IMPLS) - 2) + 2
     assert {r["skew"] for r in rows if r["impl"] == "dense"} == {"balanced"}
@@ -750,6 +757,18 @@ def test_benchmark_code_runs_at_tiny_shapes():
     errs = {x["format"]: x["rel_error"] for x in fp8}
     assert errs["base"] < (2**-8 if ON_GPU else 1e-5)  # bf16: one rounding; fp32: sum order
     assert 0.005 < errs["fp8"] < 0.1  # e4m3: 3 mantissa bits
+
+
+def test_timed_dw_is_what_each_backward_returns():
+    """The dW timed alone must be the dW each implementation's backward computes, or the
+    backward minus it is not the dX: ours and torch._grouped_mm's, same values, same dtype."""
+    dtype = DTYPES[-1]
+    _, bwd, parts = cases([5, 0, 37, 22], 32, 48, DEVICE, dtype)
+    for impl, dw in parts["dw"].items():
+        _, want = bwd[impl]()
+        got = dw()
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 # the page's GPU fence runs this code at full size; here its structure, at tiny shapes
