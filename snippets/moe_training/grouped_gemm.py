@@ -66,13 +66,22 @@ def _configs(shapes, pre_hook=None):
             for bm, bn, bk, w, s in shapes]  # fmt: skip
 
 
+def _dw_configs(shapes):
+    """dW's configs, each with its read path (TMA: device-side descriptors, or pointers)."""
+    if INTERPRET:  # one config (more would be timed): TMA where CAN_TMA, else pointers
+        return [triton.Config({"BM": 16, "BN": 16, "BK": 16, "TMA": True}, num_warps=1)]
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "TMA": t}, num_warps=w, num_stages=s)
+            for bm, bn, bk, w, s, t in shapes]  # fmt: skip
+
+
 # Hopper (H100/H200) bf16: the shapes Triton's matmul tutorial uses there; a short list, since
 # every entry costs a compile in gpu_docs' cold start. The persistent TMA kernel with either
 # beat the pointer kernel in a probe on the H200 (.whl/ggprobe.py, balanced and Zipf groups).
 FWD_SHAPES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
-# dW: the fastest three of eleven tried on the H200 at the benchmark's shape (a probe with
-# triton.testing.do_bench, balanced and Zipf groups); BM is the reduction's step over rows
-DW_SHAPES = [(64, 128, 128, 8, 3), (32, 256, 128, 8, 4), (64, 128, 256, 8, 3)]
+# dW (the last field: read through TMA descriptors, else pointers): the pointer kernel's
+# config autotuning picked in the H200 run of a95a4c3, the fastest of eleven in an earlier
+# probe; and the TMA path at that tile and at its transpose. BM is the reduction's step over rows
+DW_SHAPES = [(64, 128, 256, 8, 3, False), (64, 128, 256, 8, 3, True), (64, 256, 128, 8, 3, True)]
 
 
 def _small_first(configs, named_args, **kwargs):
@@ -85,6 +94,13 @@ def _small_first(configs, named_args, **kwargs):
 
 
 PRUNE = {"early_config_prune": _small_first}
+
+
+def _dw_prune(configs, named_args, **kwargs):
+    """The TMA configs only where dY and X can be described (CAN_TMA), then _small_first."""
+    args = {**named_args, **kwargs}
+    configs = [c for c in configs if args["CAN_TMA"] or not c.kwargs["TMA"]]
+    return _small_first(configs, named_args, **kwargs)
 
 
 def _set_blocks(nargs):
@@ -176,11 +192,20 @@ def grouped_mm_ptr_kernel(X, W, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N
         tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=live)
 
 
-@triton.autotune(configs=_configs(DW_SHAPES), key=["N", "K"], prune_configs_by=PRUNE)
+@triton.autotune(
+    configs=_dw_configs(DW_SHAPES),
+    key=["N", "K", "CAN_TMA"],
+    prune_configs_by={"early_config_prune": _dw_prune},
+)
 @triton.jit
 def grouped_mm_dw_kernel(DY, X, DW, OFFSETS, N, K, stride_dym, stride_xm, stride_dwg,
-                         stride_dwn, STATIC_M: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr):  # fmt: skip
+                         stride_dwn, CAN_TMA: tl.constexpr, STATIC_M: tl.constexpr,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         TMA: tl.constexpr):  # fmt: skip
+    """dW[g] tile [BN, BK] = sum over the group's rows of dY^T X. TMA: each program builds its
+    two descriptors on the device, their row count the group's end, so rows past it read as
+    zeros (never the next group's rows: its NaN or inf stay its own) and no mask is needed.
+    The TMA path runs where the config asks for it and the tensors allow it (CAN_TMA)."""
     g = tl.program_id(1)  # the output tiles of one group run next to each other: they share
     tiles_k = tl.cdiv(K, BK)  # the group's rows of dY and X, which then stay in L2
     pid_n, pid_k = tl.program_id(0) // tiles_k, tl.program_id(0) % tiles_k
@@ -189,7 +214,22 @@ def grouped_mm_dw_kernel(DY, X, DW, OFFSETS, N, K, stride_dym, stride_xm, stride
     cols_k = pid_k * BK + tl.arange(0, BK)
     ms = tl.arange(0, BM)
     acc = tl.zeros([BN, BK], dtype=tl.float32)
-    if STATIC_M > 0:  # the CPU interpreter: a compile-time trip count (module docstring)
+    if TMA and CAN_TMA:
+        rows_bound = tl.maximum(end, 1)  # a descriptor has no empty dimension
+        dy_desc = tl.make_tensor_descriptor(DY, shape=[rows_bound, N], strides=[stride_dym, 1],
+                                            block_shape=[BM, BN])  # fmt: skip
+        x_desc = tl.make_tensor_descriptor(X, shape=[rows_bound, K], strides=[stride_xm, 1],
+                                           block_shape=[BM, BK])  # fmt: skip
+        if STATIC_M > 0:  # the CPU interpreter: a compile-time trip count (module docstring)
+            for i in range(0, STATIC_M // BM + 1):
+                if start + i * BM < end:
+                    dy = dy_desc.load([start + i * BM, pid_n * BN])
+                    acc = tl.dot(dy.T, x_desc.load([start + i * BM, pid_k * BK]), acc)
+        else:
+            for m0 in tl.range(start, end, BM):
+                dy = dy_desc.load([m0, pid_n * BN])  # [BM, BN]
+                acc = tl.dot(dy.T, x_desc.load([m0, pid_k * BK]), acc)
+    elif STATIC_M > 0:  # the CPU interpreter: a compile-time trip count (module docstring)
         for m0 in range(0, STATIC_M, BM):
             rows = m0 + ms
             live = (rows >= start) & (rows < end)
@@ -315,10 +355,26 @@ def grouped_mm_dw(dy: torch.Tensor, x: torch.Tensor, offsets: torch.Tensor) -> t
     dy = dy if dy.stride(-1) == 1 else dy.contiguous()
     x = x if x.stride(-1) == 1 else x.contiguous()
     static_m = m if INTERPRET else 0
+    can_tma = _describable(dy) and _describable(x)
+    if can_tma:
+        _device_descriptors_allocator()
     grouped_mm_dw_kernel[lambda meta: (triton.cdiv(n, meta["BN"]) * triton.cdiv(k, meta["BK"]), g)](
         dy, x, dw, offsets, n, k, dy.stride(0), x.stride(0), dw.stride(0), dw.stride(1),
-        STATIC_M=static_m)  # fmt: skip
+        CAN_TMA=can_tma, STATIC_M=static_m)  # fmt: skip
     return dw
+
+
+def _device_descriptors_allocator():
+    """A descriptor built on the device is written to global scratch memory, which Triton
+    asks of the allocator set by triton.set_allocator; set one where none is."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cpu" if INTERPRET else "cuda")
 
 
 # --8<-- [end:launchers]

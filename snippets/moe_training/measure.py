@@ -200,6 +200,7 @@ def autotuned_configs(kernel, name: str, smallest: int = 512) -> list[dict]:
     record; keys with N or K under `smallest` (the tests' shapes: a fixed config) left out."""
     return [{"kernel": name, "n_k": f"{key[0]} × {key[1]}",
              "config": f"BM {c.kwargs['BM']}, BN {c.kwargs['BN']}, BK {c.kwargs['BK']}, "
-                       f"{c.num_warps} warps, {c.num_stages} stages"}
+                       f"{c.num_warps} warps, {c.num_stages} stages"
+                       + {True: ", TMA", False: ", pointers"}.get(c.kwargs.get("TMA"), "")}
             for key, c in sorted(kernel.cache.items(), key=str)
             if min(key[:2]) >= smallest]  # fmt: skip

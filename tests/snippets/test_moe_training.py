@@ -404,6 +404,7 @@ from snippets.moe_training.grouped_gemm import (  # noqa: E402
     group_offsets,
     grouped_linear,
     grouped_mm,
+    grouped_mm_dw,
     grouped_mm_dx,
     grouped_mm_loop,
     tile_schedule,
@@ -511,10 +512,23 @@ def test_tiny_problems_skip_autotuning():
 
     from snippets.moe_training.grouped_gemm import DW_SHAPES, _small_first
 
-    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk}) for bm, bn, bk, _, _ in DW_SHAPES]
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk}) for bm, bn, bk, *_ in DW_SHAPES]
     assert _small_first(configs, {"N": 1536}, K=2048) == configs  # the benchmark's shape
     (only,) = _small_first(configs, {"N": 32}, K=2048)  # a test's shape: one compile
-    assert only.kwargs["BN"] * only.kwargs["BK"] == min(bn * bk for _, bn, bk, _, _ in DW_SHAPES)
+    assert only.kwargs["BN"] * only.kwargs["BK"] == min(bn * bk for _, bn, bk, *_ in DW_SHAPES)
+
+
+def test_dw_takes_tma_configs_only_where_dy_and_x_can_be_described():
+    import triton
+
+    from snippets.moe_training.grouped_gemm import DW_SHAPES, _dw_prune
+
+    configs = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "TMA": t})
+               for bm, bn, bk, _, _, t in DW_SHAPES]  # fmt: skip
+    assert {c.kwargs["TMA"] for c in configs} == {True, False}  # autotuning picks a path
+    assert _dw_prune(configs, {"N": 1536, "K": 2048}, CAN_TMA=True) == configs
+    kept = _dw_prune(configs, {"N": 1536, "K": 2048}, CAN_TMA=False)
+    assert kept and not any(c.kwargs["TMA"] for c in kept)
 
 
 def test_loop_baseline_backward_writes_each_weight_once():
@@ -757,6 +771,46 @@ def test_benchmark_code_runs_at_tiny_shapes():
     errs = {x["format"]: x["rel_error"] for x in fp8}
     assert errs["base"] < (2**-8 if ON_GPU else 1e-5)  # bf16: one rounding; fp32: sum order
     assert 0.005 < errs["fp8"] < 0.1  # e4m3: 3 mantissa bits
+
+
+def _dw_path(monkeypatch):
+    """The read path of each dW launch (TMA or pointers), as the autotuner's pick."""
+    import snippets.moe_training.grouped_gemm as gg
+
+    paths, kernel = [], gg.grouped_mm_dw_kernel
+    real = kernel.run
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        tma = kernel.best_config.kwargs["TMA"] and kwargs["CAN_TMA"]
+        paths.append("tma" if tma else "ptr")
+        return out
+
+    monkeypatch.setattr(kernel, "run", spy)
+    return paths
+
+
+@pytest.mark.parametrize("poison", [math.nan, math.inf])
+def test_dw_keeps_a_groups_nan_or_inf_rows_to_itself(monkeypatch, poison):
+    """Group sizes no multiple of the row step (16 on the CPU): the last step of a group reads
+    past its end. Those rows must read as zeros, not the next group's rows, on either path."""
+    dtype = DTYPES[-1]
+    counts, k, n = [9, 0, 23, 16], 32, 24
+    offsets = group_offsets(torch.tensor(counts, device=DEVICE))
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    x = torch.randn(sum(counts), k, device=DEVICE, generator=gen).to(dtype)
+    dy = torch.randn(sum(counts), n, device=DEVICE, generator=gen).to(dtype)
+    x[9:32] = poison  # group 2's rows: right after group 0's and the empty group 1's
+    paths = _dw_path(monkeypatch)
+    for a, b in ((dy, x), (dy[:, 1:], x[:, 1:])):  # described, then not (2-byte offset base)
+        dw = grouped_mm_dw(a, b, offsets)
+        for e in (0, 3):
+            rows = slice(int(offsets[e]), int(offsets[e + 1]))
+            want = a[rows].float().t() @ b[rows].float()
+            mag = a[rows].float().abs().t() @ b[rows].float().abs()
+            assert_rounded(dw[e], want, mag, dtype, roundings=0, terms=counts[e])
+        assert (dw[1] == 0).all()
+    assert paths == (["tma", "ptr"] if dtype.itemsize == 2 else ["ptr", "ptr"])
 
 
 def test_timed_dw_is_what_each_backward_returns():
