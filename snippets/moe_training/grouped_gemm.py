@@ -66,6 +66,17 @@ def _configs(shapes, pre_hook=None):
             for bm, bn, bk, w, s in shapes]  # fmt: skip
 
 
+def _tma_configs(shapes):
+    """The persistent kernel's configs, each with its epilogue (EPI: 0 masked store, 2 TMA
+    stores of two halves where the whole tile is the group's)."""
+    if INTERPRET:  # one config (more would be timed): the TMA store where OUT can be described
+        return [triton.Config({"BM": 16, "BN": 16, "BK": 16, "EPI": 2}, num_warps=1,
+                              pre_hook=_set_blocks)]  # fmt: skip
+    return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "EPI": e}, num_warps=w, num_stages=s,
+                          pre_hook=_set_blocks)
+            for bm, bn, bk, w, s, e in shapes]  # fmt: skip
+
+
 def _dw_configs(shapes):
     """dW's configs, each with its read path (TMA: device-side descriptors, or pointers)."""
     if INTERPRET:  # one config (more would be timed): TMA where CAN_TMA, else pointers
@@ -78,6 +89,12 @@ def _dw_configs(shapes):
 # every entry costs a compile in gpu_docs' cold start. The persistent TMA kernel with either
 # beat the pointer kernel in a probe on the H200 (.whl/ggprobe.py, balanced and Zipf groups).
 FWD_SHAPES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
+# The persistent TMA kernel: 4 stages (autotuning's pick in the H200 runs of 11a4529, 4c6fea6
+# and a95a4c3) with the masked store (0), or with a tile wholly inside its group written by
+# TMA stores in two [BM, BN/2] halves (2), as Triton's tutorial 09 writes its epilogue; a whole
+# [BM, BN] store at 4 stages needs 262,176 bytes of shared memory, over the 232,448 a block may
+# have (compiled for sm_90 on the CPU), a half 229,376
+TMA_SHAPES = [(128, 256, 64, 8, 4, 0), (128, 256, 64, 8, 4, 2)]
 # dW (the last field: read through TMA descriptors, else pointers): the pointer kernel's
 # config autotuning picked in the H200 run of a95a4c3, the fastest of eleven in an earlier
 # probe; and the TMA path at that tile and at its transpose. BM is the reduction's step over rows
@@ -108,17 +125,28 @@ def _set_blocks(nargs):
     bm, bn, bk = nargs["BM"], nargs["BN"], nargs["BK"]
     nargs["a_desc"].block_shape = [bm, bk]
     nargs["w_desc"].block_shape = [1, bk, bn] if nargs["W_KN"] else [1, bn, bk]
+    if nargs["o_desc"] is not None:
+        nargs["o_desc"].block_shape = [bm, bn // 2]
+
+
+def _tma_prune(configs, named_args, **kwargs):
+    """The TMA-store configs only where OUT can be described (O_OK), then _small_first."""
+    args = {**named_args, **kwargs}
+    configs = [c for c in configs if args["O_OK"] or not c.kwargs["EPI"]]
+    return _small_first(configs, named_args, **kwargs)
 
 
 # --8<-- [start:kernels]
 @triton.jit
-def _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N, stride_om,
-              K: tl.constexpr, W_KN: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              BK: tl.constexpr):  # fmt: skip
+def _tma_tile(a_desc, w_desc, o_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N,
+              stride_om, K: tl.constexpr, W_KN: tl.constexpr, EPI: tl.constexpr,
+              BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):  # fmt: skip
     """One [BM, BN] output tile: row tile `tile` of the schedule, N tile pid_n; A [M, K] times
     W[g] read through W's [G, rows, cols] descriptor: forward, N rows of K (used transposed); dX
     (W_KN), K rows of N (W's own layout: the sum runs over W's N). Past either edge of W[g] the
-    descriptor gives zeros, never the next expert's values."""
+    descriptor gives zeros, never the next expert's values. EPI 2: a tile wholly inside its
+    group and inside N is written by two TMA stores of [BM, BN/2]; the others by a masked
+    store, since a TMA store clips only at OUT's edge and would write the next group's rows."""
     g = tl.load(TILE_GROUP + tile)
     row0 = tl.load(TILE_ROW + tile)
     end = tl.load(OFFSETS + g + 1)
@@ -132,19 +160,29 @@ def _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, tile, pid_n, N
         else:  # forward
             b = w_desc.load([g, n0, k0]).reshape(BN, BK)
             acc = tl.dot(a, b.T, acc)
-    rows = row0 + tl.arange(0, BM)  # rows past the group's end: the next group's, masked too
-    cols = n0 + tl.arange(0, BN)
-    o_ptr = OUT + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
-    live = (rows[:, None] < end) & (cols[None, :] < N)
-    tl.store(o_ptr, acc.to(OUT.dtype.element_ty), mask=live)
+    out = acc.to(OUT.dtype.element_ty)
+    if EPI == 2 and (row0 + BM <= end) and (n0 + BN <= N):
+        halves = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))
+        left, right = tl.split(halves)
+        o_desc.store([row0, n0], left)
+        o_desc.store([row0, n0 + BN // 2], right)
+    else:
+        rows = row0 + tl.arange(0, BM)  # rows past the group's end: the next group's, masked
+        cols = n0 + tl.arange(0, BN)
+        o_ptr = OUT + rows[:, None].to(tl.int64) * stride_om + cols[None, :]
+        tl.store(o_ptr, out, mask=(rows[:, None] < end) & (cols[None, :] < N))
 
 
-@triton.autotune(configs=_configs(FWD_SHAPES, _set_blocks), key=["N", "K"], prune_configs_by=PRUNE)
+@triton.autotune(
+    configs=_tma_configs(TMA_SHAPES),
+    key=["N", "K", "O_OK"],
+    prune_configs_by={"early_config_prune": _tma_prune},
+)
 @triton.jit
-def grouped_mm_kernel(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
-                      stride_om, K: tl.constexpr, W_KN: tl.constexpr, NUM_SMS: tl.constexpr,
-                      STATIC_TILES: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                      BK: tl.constexpr):  # fmt: skip
+def grouped_mm_kernel(a_desc, w_desc, o_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TILES, N,
+                      stride_om, K: tl.constexpr, W_KN: tl.constexpr, O_OK: tl.constexpr,
+                      NUM_SMS: tl.constexpr, STATIC_TILES: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr, BK: tl.constexpr, EPI: tl.constexpr):  # fmt: skip
     """Persistent: program p takes pairs p, p + NUM_SMS, ... of (row tile, N tile), N tiles
     fastest (neighbours share the same rows of A), up to the real count read on the device."""
     tiles_n = tl.cdiv(N, BN)
@@ -153,12 +191,13 @@ def grouped_mm_kernel(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, NUM_TI
         for t0 in range(0, STATIC_TILES, NUM_SMS):
             t = t0 + tl.program_id(0)
             if t < total:
-                _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, t // tiles_n,
-                          t % tiles_n, N, stride_om, K, W_KN, BM, BN, BK)  # fmt: skip
+                _tma_tile(a_desc, w_desc, o_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS,
+                          t // tiles_n, t % tiles_n, N, stride_om, K, W_KN, EPI * O_OK, BM, BN,
+                          BK)  # fmt: skip
     else:
         for t in tl.range(tl.program_id(0), total, NUM_SMS):
-            _tma_tile(a_desc, w_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, t // tiles_n,
-                      t % tiles_n, N, stride_om, K, W_KN, BM, BN, BK)  # fmt: skip
+            _tma_tile(a_desc, w_desc, o_desc, OUT, TILE_GROUP, TILE_ROW, OFFSETS, t // tiles_n,
+                      t % tiles_n, N, stride_om, K, W_KN, EPI * O_OK, BM, BN, BK)  # fmt: skip
 
 
 @triton.autotune(configs=_configs(FWD_SHAPES), key=["N", "K"], prune_configs_by=PRUNE)
@@ -328,12 +367,15 @@ def _launch_tma(a, w, out, offsets, w_kn):
     # placeholder blocks: _set_blocks sets each config's before its launch
     a_desc = TensorDescriptor.from_tensor(a, [16, 16])
     w_desc = TensorDescriptor.from_tensor(w, [1, 16, 16])
+    o_ok = _describable(out)
+    o_desc = TensorDescriptor.from_tensor(out, [16, 8]) if o_ok else None
     num_sms = _num_sms(a.device)
     # the interpreter's loop bound: pairs of any config (the smallest BN gives the most)
     min_bn = min(c.kwargs["BN"] for c in kernel.configs)
     static = len(tile_group) * triton.cdiv(n, min_bn) if INTERPRET else 0
-    kernel[(num_sms,)](a_desc, w_desc, out, tile_group, tile_row, offsets, num, n, out.stride(0),
-                       K=k, W_KN=w_kn, NUM_SMS=num_sms, STATIC_TILES=static)  # fmt: skip
+    kernel[(num_sms,)](a_desc, w_desc, o_desc, out, tile_group, tile_row, offsets, num, n,
+                       out.stride(0), K=k, W_KN=w_kn, O_OK=o_ok, NUM_SMS=num_sms,
+                       STATIC_TILES=static)  # fmt: skip
 
 
 def _launch_ptr(a, w, out, offsets):

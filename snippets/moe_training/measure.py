@@ -201,6 +201,7 @@ def autotuned_configs(kernel, name: str, smallest: int = 512) -> list[dict]:
     return [{"kernel": name, "n_k": f"{key[0]} × {key[1]}",
              "config": f"BM {c.kwargs['BM']}, BN {c.kwargs['BN']}, BK {c.kwargs['BK']}, "
                        f"{c.num_warps} warps, {c.num_stages} stages"
-                       + {True: ", TMA", False: ", pointers"}.get(c.kwargs.get("TMA"), "")}
+                       + {True: ", TMA", False: ", pointers"}.get(c.kwargs.get("TMA"), "")
+                       + {2: ", TMA store", 0: ", masked store"}.get(c.kwargs.get("EPI"), "")}
             for key, c in sorted(kernel.cache.items(), key=str)
             if min(key[:2]) >= smallest]  # fmt: skip
