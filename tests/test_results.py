@@ -9,6 +9,7 @@ opens a data file, records a result; then each fault a contributor could make is
 must fail with the file (and line).
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -413,3 +414,21 @@ def test_awaiting_gpu_without_a_reason_is_a_front_matter_error(tmp_path):
         markup.PageError, match=r"demo\.md:6: front matter: 'awaiting_gpu' must say"
     ):
         markup.post_meta(page)
+
+
+def test_a_pages_hash_leaves_out_its_awaiting_gpu_line(tmp_path):
+    from snippets.common.results import file_hash
+
+    page = tmp_path / "p.md"
+    body = "---\ntitle: t\n{}series: 3\n---\n\n# t\nawaiting_gpu: in the text counts\n"
+    page.write_text(body.format(""))
+    clean = file_hash(page)
+    page.write_text(body.format("awaiting_gpu: why\n"))
+    assert file_hash(page) == clean  # deleting the line after the run: not a change
+    page.write_text(body.format("").replace("# t", "# u"))
+    assert file_hash(page) != clean
+    page.write_text(body.format("").replace("in the text", "in the body"))
+    assert file_hash(page) != clean
+    script = tmp_path / "s.py"  # only pages are read this way
+    script.write_text("---\nawaiting_gpu: x\n---\n")
+    assert file_hash(script) == "sha256:" + hashlib.sha256(script.read_bytes()).hexdigest()

@@ -277,7 +277,15 @@ def derive_sources(measured_by: Path, root: Path = ROOT) -> dict[str, str]:
 
 
 def file_hash(path: Path) -> str:
-    return "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    """sha256 of the file; a page's `awaiting_gpu:` front-matter line left out, so that a page
+    read by its own measuring code does not go stale when the line is deleted after the run."""
+    data = path.read_bytes()
+    if path.suffix == ".md" and data.startswith(b"---\n"):
+        head, sep, body = data[4:].partition(b"\n---\n")
+        if sep:
+            kept = [ln for ln in head.split(b"\n") if not ln.startswith(b"awaiting_gpu:")]
+            data = b"---\n" + b"\n".join(kept) + sep + body
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def hash_files(paths, root: Path = ROOT) -> dict[str, str]:

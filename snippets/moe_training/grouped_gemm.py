@@ -95,10 +95,12 @@ FWD_SHAPES = [(128, 256, 64, 8, 3), (128, 256, 64, 8, 4)]
 # [BM, BN] store at 4 stages needs 262,176 bytes of shared memory, over the 232,448 a block may
 # have (compiled for sm_90 on the CPU), a half 229,376
 TMA_SHAPES = [(128, 256, 64, 8, 4, 0), (128, 256, 64, 8, 4, 2)]
-# dW (the last field: read through TMA descriptors, else pointers): the pointer kernel's
-# config autotuning picked in the H200 run of a95a4c3, the fastest of eleven in an earlier
-# probe; and the TMA path at that tile and at its transpose. BM is the reduction's step over rows
-DW_SHAPES = [(64, 128, 256, 8, 3, False), (64, 128, 256, 8, 3, True), (64, 256, 128, 8, 3, True)]
+# dW (the last field: read through TMA descriptors, else pointers): the TMA path at the pointer
+# kernel's tile and at its transpose, and the pointer kernel's config autotuning picked in the
+# H200 run of a95a4c3 (the fastest of eleven in an earlier probe). BM is the reduction's step
+# over rows. fp32 (4-byte elements: these tiles overflow shared memory) takes DW_FP32
+DW_SHAPES = [(64, 128, 256, 8, 3, True), (64, 256, 128, 8, 3, True), (64, 128, 256, 8, 3, False)]
+DW_FP32 = (64, 128, 128, 8, 3, False)
 
 
 def _small_first(configs, named_args, **kwargs):
@@ -114,8 +116,14 @@ PRUNE = {"early_config_prune": _small_first}
 
 
 def _dw_prune(configs, named_args, **kwargs):
-    """The TMA configs only where dY and X can be described (CAN_TMA), then _small_first."""
+    """The TMA configs only where dY and X can be described (CAN_TMA), then _small_first
+    (a small problem: the first smallest tile, TMA where allowed); fp32: DW_FP32 alone."""
     args = {**named_args, **kwargs}
+    dy = args.get("DY")
+    if dy is not None and dy.element_size() > 2:
+        bm, bn, bk, w, s, _ = DW_FP32
+        return [triton.Config({"BM": bm, "BN": bn, "BK": bk, "TMA": False}, num_warps=w,
+                              num_stages=s)]  # fmt: skip
     configs = [c for c in configs if args["CAN_TMA"] or not c.kwargs["TMA"]]
     return _small_first(configs, named_args, **kwargs)
 

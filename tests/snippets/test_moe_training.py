@@ -529,6 +529,14 @@ def test_dw_takes_tma_configs_only_where_dy_and_x_can_be_described():
     assert _dw_prune(configs, {"N": 1536, "K": 2048}, CAN_TMA=True) == configs
     kept = _dw_prune(configs, {"N": 1536, "K": 2048}, CAN_TMA=False)
     assert kept and not any(c.kwargs["TMA"] for c in kept)
+    (small,) = _dw_prune(configs, {"N": 24, "K": 32}, CAN_TMA=True)  # a test's shape
+    assert small.kwargs["TMA"]  # the TMA path is what the GPU tests then run
+    # fp32: one pointer config whose stages fit the 232,448 bytes of shared memory a block may
+    # have on sm_90 (the bf16 tiles' fp32 stages need 294,912: an H200 run failed on them)
+    fp32 = {"DY": torch.empty(0, dtype=torch.float32), "N": 1536, "K": 2048}
+    (only,) = _dw_prune(configs, fp32, CAN_TMA=False)
+    bm, bn, bk = only.kwargs["BM"], only.kwargs["BN"], only.kwargs["BK"]
+    assert not only.kwargs["TMA"] and only.num_stages * (bm * bn + bm * bk) * 4 <= 232448
 
 
 def test_loop_baseline_backward_writes_each_weight_once():

@@ -1083,3 +1083,29 @@ def test_scaled_mm_computes_the_product_of_the_fp8_values(recipe):
     ops = fp8.operands(recipe, x, w)
     exact = fp8.exact_product(recipe, ops)
     assert m.row_error(fp8.fp8_matmul(recipe, ops), exact) <= 2 * 2.0**-8
+
+
+def test_loss_backward_allocates_nothing_the_size_of_its_gradients():
+    """The backward only scales dh and dW in place: autograd must not materialise zero
+    gradients for the op's dh and dW outputs (an H200 run measured 1.2 GiB of them)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from snippets.triton_kernels.cross_entropy import linear_cross_entropy
+
+    h = torch.randn(16, 32, device=DEVICE, requires_grad=True)
+    w = torch.randn(64, 32, device=DEVICE, requires_grad=True)
+    loss = linear_cross_entropy(h, w, torch.randint(0, 64, (16,), device=DEVICE), -100, 8)
+    made = []
+
+    class Allocations(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else [out]:
+                if isinstance(t, torch.Tensor) and t.numel() >= h.numel():
+                    made.append(str(func))
+            return out
+
+    with Allocations():
+        dh, dw = torch.autograd.grad(loss, (h, w))
+    assert made == [], made
+    assert dh.shape == h.shape and dw.shape == w.shape
